@@ -1,0 +1,32 @@
+# Two commands on a fresh machine:  `make run` (set up, then serve/plan a model on CPU)
+# and `make test` (set up, then the whole test suite). Everything they need is installed here.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+STAMP   = $(VENV)/.installed
+MODEL  ?= squeezenet1_0
+
+.PHONY: run test setup redis-server clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# Tests start their own redis-server on a free port; this only makes sure the binary exists.
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "installing redis-server"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) >/dev/null; }
+
+test: $(STAMP) redis-server
+	$(BIN)/pytest -q
+
+run: $(STAMP)
+	$(BIN)/vbs graph --model $(MODEL)
+	$(BIN)/vbs profile --model $(MODEL) --batch-max 8 --out profiles/$(MODEL).json
+
+clean:
+	rm -rf $(VENV) .pytest_cache profiles

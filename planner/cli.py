@@ -1,0 +1,162 @@
+"""The ``vbs`` command: one console script, one subcommand per job.
+
+Subcommands import torch only when they need it, so ``vbs solve`` starts fast. Every
+VbsError ends the command with one line saying what was wrong and what to do, and exit
+code 2; ``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from planner.errors import UsageError, VbsError
+from planner.settings import Settings
+
+log = logging.getLogger("vbs")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The flags that say which model to load and how (shared by every model command)."""
+    p.add_argument("--model", required=True,
+                   help="torchvision model name (resnet50, r3d_18, ...), 'c3d', or 'pkg.module:factory'")
+    p.add_argument("--input-shape", help="per-sample input shape, C,H,W or C,T,H,W (default: the model's)")
+    p.add_argument("--weights", type=Path, help="a state_dict file, loaded with weights_only=True")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], help="default: VBS_DTYPE or float32")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: VBS_DEVICE or cpu")
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    """Settings from the environment, overridden by the flags that were given."""
+    overrides: dict[str, Any] = {}
+    for field in ("dtype", "device", "store", "batch_max"):
+        value = getattr(args, field, None)
+        if value is not None:
+            overrides[field] = value
+    try:
+        return Settings(**overrides)
+    except ValueError as exc:
+        raise UsageError(f"invalid setting: {exc}") from exc
+
+
+def load_capture(args: argparse.Namespace, settings: Settings) -> Any:
+    """Load and capture the model the flags name (imports torch)."""
+    from planner.graph.capture import capture
+    from planner.models import ModelSpec, load_model, parse_shape
+
+    if settings.threads:
+        import torch
+        torch.set_num_threads(settings.threads)
+    shape = parse_shape(args.input_shape) if args.input_shape else None
+    spec = ModelSpec(name=args.model, input_shape=shape, dtype=settings.dtype,
+                     device=settings.device, weights=args.weights)
+    return capture(load_model(spec))
+
+
+def cmd_graph(args: argparse.Namespace) -> int:
+    from planner.tree import node_to_json, render
+
+    cap = load_capture(args, settings_from(args))
+    if args.json:
+        print(json.dumps(node_to_json(cap.tree, measured=False), indent=1))
+    else:
+        print("\n".join(render(cap.tree)))
+    return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from planner.profiling.profiler import ProfileOptions, cached_profile, measure
+    from planner.tree import save_profile
+
+    settings = settings_from(args)
+    options = ProfileOptions(batch_max=args.batch_max, repeats=args.repeats or settings.profile_repeats,
+                             warmup=settings.profile_warmup, grid=args.grid)
+    cap = load_capture(args, settings)
+    if args.no_cache:
+        profile, hit = measure(cap, options, progress=not args.quiet), False
+    else:
+        profile, hit = cached_profile(cap, options, settings.profile_cache, progress=not args.quiet)
+    if args.out:
+        save_profile(profile, args.out)
+    m = profile.meta
+    how = "cache hit" if hit else f"measured in {m.get('elapsed_s')} s"
+    print(f"{m.get('model')}: {m.get('units')} units, {m.get('parallel_blocks')} parallel blocks, "
+          f"b = 1..{profile.batch_max} on {m.get('device_name')} ({how}); fingerprint {profile.fingerprint}"
+          + (f"; written to {args.out}" if args.out else ""))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vbs", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("graph", help="print the division tree of a model")
+    add_model_args(p)
+    p.add_argument("--json", action="store_true", help="the tree as JSON (vbs.profile/1 nodes, no times)")
+    p.set_defaults(func=cmd_graph)
+
+    p = sub.add_parser("profile", help="measure time and memory of every unit at every batch size")
+    add_model_args(p)
+    p.add_argument("--batch-max", type=_positive, required=True, help="largest batch size to measure")
+    p.add_argument("--out", type=Path, help="write the profile JSON here (it is cached either way)")
+    p.add_argument("--grid", action="store_true", help="measure a grid of batch sizes and interpolate")
+    p.add_argument("--repeats", type=_positive, help="timed runs per (unit, batch); default 5")
+    p.add_argument("--no-cache", action="store_true", help="measure even if a cached profile exists")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_profile)
+
+    for extra in _extra_commands():
+        extra(sub)
+    return parser
+
+
+def _extra_commands() -> list[Any]:
+    """Subcommands that live in their own modules (each exposes add_parser(sub))."""
+    import importlib
+
+    adders = []
+    for module in ("planner.cli_solve",):
+        try:
+            adders.append(importlib.import_module(module).add_parser)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+    return adders
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except VbsError as exc:
+        if args.debug:
+            raise
+        message = " ".join(str(exc).split())  # one line, whatever a library put in it
+        print(f"vbs {args.command}: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

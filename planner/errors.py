@@ -1,0 +1,74 @@
+"""The one exception tree of vbs-serve.
+
+Every error says what was wrong and what to do about it. Foreign errors (torch, redis,
+OS, JSON) are translated where they cross into our code with ``raise ... from exc``, so
+callers only ever catch these::
+
+    VbsError
+    ├── UsageError              bad input from a user: a flag, a size, a shape
+    │   └── ModelError          the model cannot be loaded, built or run as given
+    │       ├── TraceError          torch.fx cannot capture the model
+    │       └── BatchMixingError    an op mixes samples of a batch
+    ├── ProfileError            a profile is malformed or cannot be measured
+    ├── PlanError               the solver or simulator rejects a request
+    │   ├── InfeasibleError         no schedule fits the memory budget
+    │   └── InvalidProgramError     a program breaks the model of memory or its order
+    ├── StoreError              the plan store cannot be reached or holds bad data
+    │   └── TableNotFoundError      no table is stored for a fingerprint
+    └── ExecutionError          a plan failed while running on the device
+        └── OutOfMemoryError        the device ran out of memory running a plan
+"""
+
+from __future__ import annotations
+
+
+class VbsError(Exception):
+    """Base of every error vbs-serve raises on purpose."""
+
+
+class UsageError(VbsError):
+    """A flag, size, shape or name given by the user is not valid."""
+
+
+class ModelError(UsageError):
+    """The model cannot be loaded, built or run as given."""
+
+
+class TraceError(ModelError):
+    """torch.fx cannot capture the model as a graph of units."""
+
+
+class BatchMixingError(ModelError):
+    """An op mixes samples of a batch, so the batch cannot be split across layers."""
+
+
+class ProfileError(VbsError):
+    """A profile is malformed, inconsistent or cannot be measured."""
+
+
+class PlanError(VbsError):
+    """The solver or the simulator rejects a request."""
+
+
+class InfeasibleError(PlanError):
+    """No schedule fits in the memory budget."""
+
+
+class InvalidProgramError(PlanError):
+    """A program breaks the model of memory or the order of its units."""
+
+
+class StoreError(VbsError):
+    """The plan store cannot be reached or holds data that cannot be read."""
+
+
+class TableNotFoundError(StoreError):
+    """No plan table is stored for the requested fingerprint."""
+
+
+class ExecutionError(VbsError):
+    """A plan failed while running on the device."""
+
+
+class OutOfMemoryError(ExecutionError):
+    """The device ran out of memory while running a plan."""

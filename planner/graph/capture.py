@@ -1,0 +1,475 @@
+"""Capture a model as the division tree of units that the planner and the executor share.
+
+Steps, each small: torch.fx trace → ``BatchInspector`` (node kinds, per-sample shapes, batch
+independence) → the DAG of activations (inline values such as weights, shapes and tuples are
+recomputed where used, so they add no edges of their own) → ``decompose`` (series, parallel,
+opaque) → units: in each series, a heavy op (convolution, linear, pooling, matmul, attention,
+normalisation) starts a unit and the light ops after it (BatchNorm, activations, dropout,
+reshapes, scaling) join it, as the paper bundles them. Each unit becomes a small
+GraphModule that shares the model's weights; each parallel block gets a ``Join`` that folds
+a branch's sub-batch into the join buffer.
+
+The pure tree (planner.tree, no torch) names every unit; ``Capture.units`` and
+``Capture.joins`` map those names to what runs them.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from planner.errors import ModelError, TraceError
+from planner.graph.decompose import DItem, DOp, DOpaque, DParallel, DSeries, decompose, walk_vertices
+from planner.graph.inspect import PARTS, BatchInspector, NodeInfo, describe, memory_format
+from planner.models import LoadedModel
+from planner.tree import Layer, Parallel, Series
+
+HEAVY_MODULES: tuple[type[nn.Module], ...] = (
+    nn.modules.conv._ConvNd, nn.Linear, nn.Bilinear, nn.Embedding,
+    nn.modules.pooling._MaxPoolNd, nn.modules.pooling._AvgPoolNd,
+    nn.modules.pooling._AdaptiveAvgPoolNd, nn.modules.pooling._AdaptiveMaxPoolNd,
+    nn.modules.pooling._LPPoolNd, nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm,
+    nn.modules.instancenorm._InstanceNorm, nn.MultiheadAttention, nn.Upsample,
+)
+HEAVY_FUNCTIONS: frozenset[Any] = frozenset({
+    F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d,
+    torch.conv1d, torch.conv2d, torch.conv3d, F.linear, F.bilinear, torch.matmul, torch.bmm,
+    torch.mm, torch.einsum, torch.baddbmm, torch.addmm, operator.matmul,
+    F.max_pool1d, F.max_pool2d, F.max_pool3d, F.avg_pool1d, F.avg_pool2d, F.avg_pool3d,
+    F.adaptive_avg_pool1d, F.adaptive_avg_pool2d, F.adaptive_avg_pool3d,
+    F.adaptive_max_pool1d, F.adaptive_max_pool2d, F.adaptive_max_pool3d,
+    torch.max_pool1d, torch.max_pool2d, torch.max_pool3d, torch.avg_pool1d,
+    F.layer_norm, F.group_norm, F.instance_norm, F.local_response_norm,
+    F.scaled_dot_product_attention, F.interpolate, F.embedding,
+})
+HEAVY_METHODS = frozenset({"matmul", "bmm", "mm"})
+ADD_TARGETS = frozenset({operator.add, operator.iadd, torch.add, "add", "add_"})
+MUL_TARGETS = frozenset({operator.mul, operator.imul, torch.mul, "mul", "mul_"})
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A unit as it runs: a GraphModule from its input tensor to its output tensor."""
+
+    name: str
+    module: fx.GraphModule
+    out_shape: tuple[int, ...]  # per sample
+    ops: tuple[str, ...]
+    channels_last: bool = False  # the layout of its output in the model
+
+    def empty(self, like: torch.Tensor, samples: int) -> torch.Tensor:
+        """An output buffer for ``samples`` samples, in the layout the model uses."""
+        return torch.empty((samples, *self.out_shape), dtype=like.dtype, device=like.device,
+                           memory_format=memory_format(self.out_shape, self.channels_last))
+
+
+@dataclass(frozen=True)
+class Join:
+    """How a parallel block folds each branch's sub-batch into its join buffer."""
+
+    name: str
+    kind: str  # "cat" | "add" | "mul" | another op, applied with the fork
+    out_shape: tuple[int, ...]
+    dim: int = 1  # cat: the dimension of the slices (batch dimension included)
+    slices: tuple[tuple[int, int], ...] = ()  # cat: (start, length) of each branch
+    apply: fx.GraphModule | None = None  # other ops: (fork, branch_output) -> joined
+    fork_first: tuple[bool, ...] = ()  # mul: whether the fork is the op's first operand
+    channels_last: bool = False  # the layout of the join tensor in the model
+
+    def empty(self, like: torch.Tensor, samples: int) -> torch.Tensor:
+        """A join buffer for ``samples`` samples, in the layout the model uses."""
+        shape = (samples, *self.out_shape)
+        return torch.empty(shape, dtype=like.dtype, device=like.device,
+                           memory_format=memory_format(self.out_shape, self.channels_last))
+
+    def fold(self, out: torch.Tensor, fork: torch.Tensor, y: torch.Tensor | None, branch: int,
+             first: bool) -> None:
+        """Fold branch ``branch``'s output ``y`` (None: identity) for the samples of ``out``."""
+        y = fork if y is None else y
+        if self.kind == "cat":
+            start, length = self.slices[branch]
+            out.narrow(self.dim, start, length).copy_(y)
+        elif self.kind == "add":
+            if first:
+                out.copy_(y)
+            else:
+                out.add_(y)
+        elif y is fork:  # the identity operand of a mul/apply join is read from the fork
+            return
+        elif self.kind == "mul":
+            a, b = (fork, y) if self.fork_first[0] else (y, fork)
+            torch.mul(a, b, out=out)
+        else:
+            assert self.apply is not None
+            out.copy_(self.apply(fork, y))
+
+
+@dataclass(frozen=True)
+class Capture:
+    """A model as a division tree, with what runs each unit and each join."""
+
+    model: LoadedModel
+    graph: fx.GraphModule
+    tree: Series
+    units: dict[str, Unit]
+    joins: dict[str, Join]
+    output_shape: tuple[int, ...]
+    ops: dict[str, str] = field(default_factory=dict)  # fx node name -> owning unit or block
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return self.model.input_shape
+
+
+def _is_heavy(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
+    if node.op == "call_module":
+        return isinstance(modules.get(str(node.target)), HEAVY_MODULES)
+    if node.op == "call_function":
+        return node.target in HEAVY_FUNCTIONS
+    if node.op == "call_method":
+        return node.target in HEAVY_METHODS
+    return False
+
+
+def _reads_shape(node: fx.Node) -> bool:
+    """``x.size()``, ``x.size(d)``, ``x.shape``, ``x.dim()`` of a tensor: metadata, not data."""
+    if node.op == "call_method" and node.target in ("size", "dim"):
+        return True
+    return (node.op == "call_function" and node.target is getattr and len(node.args) == 2
+            and node.args[1] in ("shape", "ndim"))
+
+
+def _batch_shape(x: torch.Tensor, shape: tuple[int, ...], dim: int | None = None) -> Any:
+    """The shape of an activation with per-sample ``shape`` holding as many samples as ``x``."""
+    full = torch.Size((x.shape[0], *shape))
+    return full if dim is None else full[dim]
+
+
+def _module_path(node: fx.Node) -> str:
+    if node.op == "call_module":
+        return str(node.target)
+    stack = node.meta.get("nn_module_stack") or {}
+    return next(reversed(stack.values()))[0] if stack else ""
+
+
+def _op_name(node: fx.Node) -> str:
+    if node.op == "call_module":
+        return str(node.target)
+    fname = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "op")
+    path = _module_path(node)
+    return f"{path}.{fname}" if path else str(fname)
+
+
+def _common_path(nodes: Sequence[fx.Node]) -> str:
+    paths = [_module_path(n).split(".") for n in nodes if _module_path(n)]
+    if not paths:
+        return ""
+    prefix = paths[0]
+    for p in paths[1:]:
+        i = 0
+        while i < min(len(prefix), len(p)) and prefix[i] == p[i]:
+            i += 1
+        prefix = prefix[:i]
+    return ".".join(prefix)
+
+
+def trace(loaded: LoadedModel) -> fx.GraphModule:
+    """torch.fx symbolic trace, translated into a TraceError that says what to do."""
+    try:
+        gm = fx.symbolic_trace(loaded.module)
+    except Exception as exc:
+        raise TraceError(
+            f"torch.fx cannot trace {loaded.spec.name!r}: {type(exc).__name__}: {exc}. Models whose "
+            "control flow depends on tensor values cannot be planned; move that logic out of "
+            "forward() or wrap it in a leaf module") from exc
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+class _Builder:
+    """Turns the decomposed DAG of one traced model into units, joins and the pure tree."""
+
+    def __init__(self, gm: fx.GraphModule, infos: dict[fx.Node, NodeInfo]) -> None:
+        self.gm = gm
+        self.infos = infos
+        self.modules = dict(gm.named_modules())
+        self.order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        self.nodes = list(gm.graph.nodes)
+        self.units: dict[str, Unit] = {}
+        self.joins: dict[str, Join] = {}
+        self.owner: dict[str, str] = {}
+        self.names: set[str] = set()
+
+    # ---- the DAG of activations
+    def act_inputs(self, node: fx.Node) -> list[fx.Node]:
+        """Activations a node reads, directly or through inline values (tuples, arithmetic).
+
+        Reading only the shape of an activation is no dependency: every activation holds
+        the same samples, so its shape is its static per-sample shape behind the batch size
+        of whatever the unit reads (see ``_batch_shape``).
+        """
+        seen: list[fx.Node] = []
+        stack = [a for a in node.all_input_nodes] if not _reads_shape(node) else []
+        visited: set[fx.Node] = set()
+        while stack:
+            a = stack.pop()
+            if a in visited:
+                continue
+            visited.add(a)
+            if self.infos[a].activation:
+                if a not in seen:
+                    seen.append(a)
+            elif not _reads_shape(a):
+                stack.extend(a.all_input_nodes)
+        return sorted(seen, key=self.order.__getitem__)
+
+    def inline_closure(self, nodes: Sequence[fx.Node]) -> list[fx.Node]:
+        """The inline values a set of nodes needs, recomputed inside the unit that runs them."""
+        need: set[fx.Node] = set()
+        stack = [a for n in nodes for a in n.all_input_nodes]
+        while stack:
+            a = stack.pop()
+            if a in need or self.infos[a].activation:
+                continue
+            need.add(a)
+            if not _reads_shape(a):
+                stack.extend(a.all_input_nodes)
+        return sorted(need, key=self.order.__getitem__)
+
+    def copy_nodes(self, g: fx.Graph, env: dict[fx.Node, fx.Node], nodes: Sequence[fx.Node],
+                   batch_from: fx.Node) -> None:
+        """Copy nodes into ``g``; a shape read of a tensor not in ``env`` is rebuilt from the
+        static per-sample shape and the batch size of ``batch_from`` (a node of ``g``)."""
+        for n in nodes:
+            if _reads_shape(n) and n.args[0] not in env:
+                shape = self.infos[n.args[0]].shape
+                dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+                env[n] = g.call_function(_batch_shape, (batch_from, shape, dim))
+            else:
+                env[n] = g.node_copy(n, lambda a: env[a])
+
+    def unique(self, name: str) -> str:
+        name = name or "unit"
+        out, k = name, 2
+        while out in self.names:
+            out, k = f"{name}_{k}", k + 1
+        self.names.add(out)
+        return out
+
+    # ---- joins
+    def join_kind(self, join: fx.Node, fork: fx.Node, exits: Sequence[fx.Node],
+                  identity: bool) -> tuple[str, list[fx.Node | None]] | None:
+        ends = set(exits) | ({fork} if identity else set())
+        if set(self.act_inputs(join)) != ends:
+            return None
+
+        def branch_of(a: Any) -> fx.Node | None | bool:
+            if isinstance(a, fx.Node) and a in exits:
+                return a
+            if a is fork and identity:
+                return None
+            return False
+
+        target = join.target
+        if join.op == "call_function" and target is torch.cat:
+            seq = join.args[0] if join.args else join.kwargs.get("tensors")
+            dim = join.args[1] if len(join.args) > 1 else join.kwargs.get("dim", 0)
+            if not isinstance(seq, (list, tuple)) or not isinstance(dim, int):
+                return None
+            order = [branch_of(a) for a in seq]
+            rank = len(self.infos[join].shape) + 1
+            if dim % rank == 0 or False in order or len(set(map(id, order))) != len(order):
+                return None
+            if len(order) != len(exits) + (1 if identity else 0):
+                return None
+            return "cat", order  # type: ignore[return-value]
+        operands = [a for a in join.args if isinstance(a, fx.Node)]
+        if join.op in ("call_function", "call_method") and (target in ADD_TARGETS or target in MUL_TARGETS):
+            if len(join.args) == 2 and len(operands) == 2 and not join.kwargs:
+                order = [branch_of(a) for a in operands]
+                if False not in order and len(set(map(id, order))) == 2:
+                    shapes = {self.infos[a].shape if a is not None else self.infos[fork].shape
+                              for a in order}  # type: ignore[union-attr]
+                    if target in ADD_TARGETS and shapes == {self.infos[join].shape}:
+                        return "add", order  # type: ignore[return-value]
+                    if target in MUL_TARGETS and identity and len(exits) == 1:
+                        return "mul", order  # type: ignore[return-value]
+        if identity and len(exits) == 1:  # any op of the fork and one branch
+            return (getattr(target, "__name__", str(target)), [exits[0], None])
+        return None
+
+    def make_join(self, name: str, item: DParallel, vertex: Callable[[int], fx.Node]) -> Join:
+        join = vertex(item.join)
+        fork = vertex(item.fork)
+        shape = self.infos[join].shape
+        cl = self.infos[join].channels_last
+        kind = item.join_kind
+        order = [vertex(e) if e is not None else None for e in item.exits]
+        if kind == "cat":
+            rank = len(shape) + 1
+            dim = join.args[1] if len(join.args) > 1 else join.kwargs.get("dim", 0)
+            dim = int(dim) % rank  # type: ignore[arg-type]
+            slices, start = [], 0
+            for e in order:
+                length = (self.infos[e] if e is not None else self.infos[fork]).shape[dim - 1]
+                slices.append((start, length))
+                start += length
+            return Join(name, "cat", shape, dim=dim, slices=tuple(slices), channels_last=cl)
+        if kind == "add":
+            return Join(name, "add", shape, channels_last=cl)
+        if kind == "mul":
+            operands = [a for a in join.args if isinstance(a, fx.Node)]
+            return Join(name, "mul", shape, fork_first=(operands[0] is fork,), channels_last=cl)
+        # Any other op of (fork, branch output): a GraphModule with those two inputs.
+        g = fx.Graph()
+        env: dict[fx.Node, fx.Node] = {fork: g.placeholder("fork"), order[0]: g.placeholder("y")}
+        self.copy_nodes(g, env, self.inline_closure([join]) + [join], env[fork])
+        g.output(env[join])
+        return Join(name, kind, shape, apply=fx.GraphModule(self.gm, g), channels_last=cl)
+
+    # ---- units
+    def make_unit(self, nodes: Sequence[fx.Node], source: fx.Node, kind: str) -> Layer:
+        heads = [n for n in nodes if _is_heavy(n, self.modules)]
+        if kind == "opaque":
+            base = _common_path(nodes) or _op_name(nodes[0])
+        else:
+            base = _op_name(heads[0] if heads else nodes[0])
+        name = self.unique(base)
+        g = fx.Graph()
+        env: dict[fx.Node, fx.Node] = {source: g.placeholder("x")}
+        inside = set(nodes)
+        body = sorted(set(self.inline_closure(nodes)) | inside, key=self.order.__getitem__)
+        for n in body:
+            for a in self.act_inputs(n):
+                if a not in inside and a is not source:
+                    raise TraceError(f"{describe(n)} reads {describe(a)}, which is neither its unit's "
+                                     f"input nor inside unit {name!r}; please report this model")
+        self.copy_nodes(g, env, body, env[source])
+        g.output(env[nodes[-1]])
+        module = fx.GraphModule(self.gm, g)
+        ops = tuple(n.name for n in nodes)
+        for n in nodes:
+            self.owner[n.name] = name
+        self.units[name] = Unit(name, module, self.infos[nodes[-1]].shape, ops,
+                               channels_last=self.infos[nodes[-1]].channels_last)
+        return Layer(name=name, in_bytes=self.infos[source].bytes_per_sample,
+                     out_bytes=self.infos[nodes[-1]].bytes_per_sample, kind=kind, ops=ops)
+
+    def series(self, ds: DSeries, source: fx.Node, name: str,
+               vertex: Callable[[int], fx.Node]) -> Series:
+        children: list[Layer | Parallel | Series] = []
+        run: list[fx.Node] = []
+        current = source  # the tensor the next unit reads
+
+        def flush() -> None:
+            nonlocal run, current
+            if not run:
+                return
+            # A heavy op starts a unit; the light ops after it join that unit.
+            groups: list[list[fx.Node]] = []
+            for n in run:
+                if not groups or _is_heavy(n, self.modules):
+                    groups.append([n])
+                else:
+                    groups[-1].append(n)
+            for grp in groups:
+                children.append(self.make_unit(grp, current, "layer"))
+                current = grp[-1]
+            run = []
+
+        for it in ds.items:
+            if isinstance(it, DOp):
+                run.append(vertex(it.vertex))
+                continue
+            flush()
+            if isinstance(it, DOpaque):
+                children.append(self.make_unit([vertex(v) for v in it.vertices], current, "opaque"))
+            else:
+                children.append(self.parallel(it, vertex))
+            current = vertex(it.sink if isinstance(it, DOpaque) else it.join)
+        flush()
+        return Series(name=name, children=tuple(children))
+
+    def parallel(self, item: DParallel, vertex: Callable[[int], fx.Node]) -> Parallel:
+        members = [vertex(v) for b in item.branches for v in _vertices(b)] + [vertex(item.join)]
+        name = self.unique(_common_path(members) or _op_name(vertex(item.join)))
+        fork = vertex(item.fork)
+        branches = []
+        for i, b in enumerate(item.branches):
+            if not b.items:
+                branches.append(Series(name=self.unique(f"{name}.identity"), children=()))
+                continue
+            bnodes = [vertex(v) for v in _vertices(b)]
+            bpath = _common_path(bnodes)
+            bname = self.unique(bpath if bpath and bpath != name else f"{name}.branch{i}")
+            branches.append(self.series(b, fork, bname, vertex))
+        self.joins[name] = self.make_join(name, item, vertex)
+        self.owner[vertex(item.join).name] = name
+        return Parallel(name=name, in_bytes=self.infos[fork].bytes_per_sample,
+                        out_bytes=self.infos[vertex(item.join)].bytes_per_sample,
+                        branches=tuple(branches), join=item.join_kind)
+
+
+def _vertices(item: DItem | DSeries) -> list[int]:
+    return walk_vertices(item)
+
+
+def capture(loaded: LoadedModel) -> Capture:
+    """Trace, inspect, decompose and build the units of a loaded model."""
+    name = loaded.spec.name
+    x = loaded.example(sum(PARTS))
+    try:
+        with torch.inference_mode():
+            expected = loaded.module(x)
+    except Exception as exc:
+        raise ModelError(f"{name!r} rejects input of shape {tuple(x.shape[1:])} "
+                         f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                         "pass --input-shape with the shape the model takes, without the batch") from exc
+    if not isinstance(expected, torch.Tensor):
+        raise ModelError(f"{name!r} returns a {type(expected).__name__}; vbs-serve serves models "
+                         "that return one tensor (put the model in eval mode)")
+    gm = trace(loaded)
+    infos = BatchInspector(gm).inspect(x)
+    nodes = list(gm.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    if len(placeholders) != 1:
+        raise TraceError(f"{name!r} takes {len(placeholders)} inputs; vbs-serve plans single-input models")
+    output = next(n for n in nodes if n.op == "output")
+    result = output.args[0]
+    if not isinstance(result, fx.Node) or not infos[result].activation:
+        raise TraceError(f"{name!r} does not return one activation tensor")
+    b = _Builder(gm, infos)
+    acts = [n for n in nodes if infos.get(n, NodeInfo(False)).activation]
+    # Keep only activations on a path to the output (the rest cannot change the result).
+    alive: set[fx.Node] = {result}
+    for n in reversed(acts):
+        if n in alive:
+            alive.update(b.act_inputs(n))
+    acts = [n for n in acts if n in alive]
+    index = {n: i for i, n in enumerate(acts)}
+    preds = {index[n]: [index[a] for a in b.act_inputs(n)] for n in acts}
+    source, sink = index[placeholders[0]], index[result]
+
+    def vertex(i: int) -> fx.Node:
+        return acts[i]
+
+    def join_kind(f: int, j: int, exits: Sequence[int], identity: bool) -> Any:
+        verdict = b.join_kind(acts[j], acts[f], [acts[e] for e in exits], identity)
+        if verdict is None:
+            return None
+        kind, order = verdict
+        return kind, [index[e] if e is not None else None for e in order]
+
+    tree = decompose([i for i in range(len(acts)) if i != source], preds, source, sink, join_kind)
+    root = b.series(tree, placeholders[0], name, vertex)
+    loaded_out = tuple(expected.shape[1:])
+    return Capture(model=loaded, graph=gm, tree=root, units=b.units, joins=b.joins,
+                   output_shape=loaded_out, ops=b.owner)
+

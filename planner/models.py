@@ -1,0 +1,161 @@
+"""Load the model to plan: a torchvision name, the built-in ``c3d``, or ``pkg.module:factory``.
+
+Models are built with random weights (no hub downloads); a weights file is a state_dict read
+with ``torch.load(..., weights_only=True)``. Every failure is a ModelError that says what
+was wrong and what to do.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torchvision
+from torch import nn
+
+from planner.c3d import c3d
+from planner.errors import ModelError, UsageError
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+VIDEO_SHAPE = (3, 16, 112, 112)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What to load: the model's name and how to run it."""
+
+    name: str
+    input_shape: tuple[int, ...] | None = None  # per sample; None = the model's default
+    dtype: str = "float32"
+    device: str = "cpu"
+    weights: Path | None = None
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model in eval mode on its device and dtype, with the input shape it is planned for."""
+
+    spec: ModelSpec
+    module: nn.Module
+    input_shape: tuple[int, ...]
+    torch_dtype: torch.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.spec.device)
+
+    def example(self, batch: int, seed: int = 0) -> torch.Tensor:
+        """A reproducible random input of ``batch`` samples."""
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn((batch, *self.input_shape), generator=gen)
+        return x.to(device=self.device, dtype=self.torch_dtype)
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``"3,224,224"`` or ``"3x16x112x112"`` → a tuple of positive ints."""
+    parts = [p for p in text.replace("x", ",").replace(" ", "").split(",") if p]
+    try:
+        shape = tuple(int(p) for p in parts)
+    except ValueError as exc:
+        raise UsageError(f"input shape {text!r}: give positive integers like 3,224,224") from exc
+    if not shape or any(d < 1 for d in shape):
+        raise UsageError(f"input shape {text!r}: give positive integers like 3,224,224 (C,H,W) "
+                         "or 3,16,112,112 (C,T,H,W), without the batch dimension")
+    return shape
+
+
+def torchvision_names() -> tuple[list[str], list[str]]:
+    """(classification, video) model names that torchvision builds."""
+    classification = torchvision.models.list_models(module=torchvision.models)
+    video = torchvision.models.list_models(module=torchvision.models.video)
+    return classification, video
+
+
+def default_input_shape(name: str) -> tuple[int, ...]:
+    """The input a model was designed for: its weights' crop size, 16x112x112 for video."""
+    if name == "c3d":
+        return VIDEO_SHAPE
+    classification, video = torchvision_names()
+    if name in video:
+        return VIDEO_SHAPE
+    try:
+        transforms = torchvision.models.get_model_weights(name).DEFAULT.transforms()
+        crop = transforms.crop_size
+        size = int(crop[0] if isinstance(crop, (list, tuple)) else crop)
+        return (3, size, size)
+    except Exception:  # noqa: BLE001 - no weights metadata: the ImageNet default
+        return (3, 224, 224)
+
+
+def _build(name: str) -> nn.Module:
+    if name == "c3d":
+        return c3d()
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ModelError(f"cannot import {name!r}: {exc}; give 'package.module:factory' where "
+                             "the factory returns an nn.Module") from exc
+        try:
+            model = factory()
+        except Exception as exc:
+            raise ModelError(f"the factory {name!r} raised {type(exc).__name__}: {exc}") from exc
+        if not isinstance(model, nn.Module):
+            raise ModelError(f"the factory {name!r} returned {type(model).__name__}, not an nn.Module")
+        return model
+    classification, video = torchvision_names()
+    if name not in classification and name not in video:
+        close = difflib.get_close_matches(name, [*classification, *video, "c3d"], n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ModelError(f"unknown model {name!r}{hint}: use a torchvision classification or video "
+                         "model name such as resnet50 or r3d_18, 'c3d', or 'package.module:factory'")
+    try:
+        with warnings.catch_warnings():
+            # GoogLeNet/Inception warn that their random init will change: not our concern.
+            warnings.filterwarnings("ignore", message="The default weight initialization",
+                                    category=FutureWarning)
+            return torchvision.models.get_model(name, weights=None)
+    except Exception as exc:
+        raise ModelError(f"torchvision could not build {name!r}: {exc}") from exc
+
+
+def _load_weights(model: nn.Module, path: Path) -> None:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError as exc:
+        raise ModelError(f"no weights file at {path}") from exc
+    except Exception as exc:
+        raise ModelError(f"cannot read weights {path}: {exc}; save a state_dict with "
+                         "torch.save(model.state_dict(), path)") from exc
+    if not isinstance(state, dict):
+        raise ModelError(f"{path} holds a {type(state).__name__}, not a state_dict")
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0]
+        raise ModelError(f"weights {path} do not fit the model: {first}") from exc
+
+
+def load_model(spec: ModelSpec) -> LoadedModel:
+    """Build the model, load its weights, and put it in eval mode on its device and dtype."""
+    if spec.dtype not in DTYPES:
+        raise UsageError(f"dtype {spec.dtype!r}: use one of {', '.join(DTYPES)}")
+    if spec.device not in ("cpu", "cuda"):
+        raise UsageError(f"device {spec.device!r}: use cpu or cuda")
+    if spec.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("device cuda asked for, but torch sees no CUDA device; use --device cpu")
+    model = _build(spec.name)
+    if spec.weights is not None:
+        _load_weights(model, spec.weights)
+    shape = spec.input_shape or getattr(model, "input_shape", None) or (
+        (3, 224, 224) if ":" in spec.name else default_input_shape(spec.name))
+    dtype = DTYPES[spec.dtype]
+    model = model.eval().to(device=spec.device, dtype=dtype)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return LoadedModel(spec=spec, module=model, input_shape=tuple(shape), torch_dtype=dtype)

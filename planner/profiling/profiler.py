@@ -1,0 +1,190 @@
+"""Profile a captured model: time(u,b), in(u), out(u), ws(u,b) for every unit and b = 1..B.
+
+measure → discretise → solve are separate steps; this is the first. It runs one reference
+pass at batch B that keeps the real input of every unit and join, then times every unit
+and every join fold at every batch size of the grid, then measures workspaces, and returns
+a ``Profile`` (schema vbs.profile/1). Profiles are cached by a fingerprint of everything
+that changes the measurement (architecture, input shape, dtype, device, library versions,
+batch sizes, repeats), so profiling the same thing twice is a cache hit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from planner.errors import ProfileError, UsageError
+from planner.graph.capture import Capture
+from planner.graph.runner import Recording, record_pass
+from planner.profiling.grid import batch_grid, fill_time, fill_workspace
+from planner.profiling.measure import cpu_peaks, cuda_peak, median_time
+from planner.tree import Layer, Node, Parallel, Profile, Series, iter_layers, iter_nodes, \
+    load_profile, node_to_json, save_profile
+
+log = logging.getLogger("vbs.profile")
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    """How to measure: the largest batch, repeats, warm-up runs and whether to use a grid."""
+
+    batch_max: int
+    repeats: int = 5
+    warmup: int = 2
+    grid: bool = False
+
+    def __post_init__(self) -> None:
+        if self.batch_max < 1:
+            raise UsageError(f"batch max {self.batch_max}: give a whole number >= 1")
+        if self.repeats < 1 or self.warmup < 0:
+            raise UsageError("repeats must be >= 1 and warm-up >= 0")
+
+
+def device_name(device: torch.device) -> str:
+    """A stable name for the hardware a profile is valid on."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu} ({torch.get_num_threads()} threads)"
+
+
+def fingerprint(capture: Capture, options: ProfileOptions) -> str:
+    """A short hash of everything that changes what a profile measures.
+
+    Weights are left out on purpose: time and memory depend on the architecture, not on
+    the values, so models that differ only in weights share profiles and tables.
+    """
+    spec = capture.model.spec
+    key = {
+        "tree": node_to_json(capture.tree, measured=False),
+        "model": spec.name, "input_shape": list(capture.input_shape), "dtype": spec.dtype,
+        "device": device_name(capture.model.device), "torch": torch.__version__,
+        "cudnn": torch.backends.cudnn.version() if capture.model.device.type == "cuda" else None,
+        "batch_max": options.batch_max, "grid": options.grid, "repeats": options.repeats,
+    }
+    blob = json.dumps(key, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _fill(node: Node, times: dict[str, list[float]], ws: dict[str, list[int]]) -> Node:
+    if isinstance(node, Layer):
+        return dataclasses.replace(node, time=tuple(times[node.name]), ws=tuple(ws[node.name]))
+    if isinstance(node, Series):
+        return dataclasses.replace(node, children=tuple(_fill(c, times, ws) for c in node.children))
+    return dataclasses.replace(node, time=tuple(times[node.name]),
+                               branches=tuple(_fill(b, times, ws) for b in node.branches))
+
+
+def measure(capture: Capture, options: ProfileOptions, progress: bool = True) -> Profile:
+    """Measure every unit and join of ``capture`` at every batch size of the grid."""
+    device = capture.model.device
+    grid = batch_grid(options.batch_max, options.grid)
+    started = time.perf_counter()
+    x = capture.model.example(options.batch_max, seed=0)
+    try:
+        rec: Recording = record_pass(capture, x)
+    except torch.OutOfMemoryError as exc:
+        raise ProfileError(f"out of memory running batch {options.batch_max} on {device}: "
+                           "profile with a smaller --batch-max") from exc
+    layers = list(iter_layers(capture.tree))
+    blocks = [n for n in iter_nodes(capture.tree) if isinstance(n, Parallel)]
+
+    def unit_job(name: str, b: int) -> tuple[Callable[[Any], Any], Callable[[], Any]]:
+        src = rec.inputs[name]
+        return capture.units[name].module, lambda: src[:b].clone()
+
+    def fold_job(name: str, b: int) -> tuple[Callable[[Any], Any], Callable[[], Any]]:
+        join = capture.joins[name]
+        fork, ys = rec.folds[name]
+
+        def run(out: torch.Tensor) -> torch.Tensor:
+            for i, y in enumerate(ys):
+                join.fold(out, fork[:b], None if y is None else y[:b], i, first=(i == 0))
+            return out
+        return run, lambda: join.empty(fork, b)
+
+    times: dict[str, dict[int, float]] = {}
+    peaks: dict[str, dict[int, int]] = {}
+    total = (len(layers) + len(blocks)) * len(grid)
+    bar = tqdm(total=total, desc="timing", unit="run", disable=not progress, leave=False)
+    for name, make in [(n.name, unit_job) for n in layers] + [(n.name, fold_job) for n in blocks]:
+        for b in grid:
+            run, prepare = make(name, b)
+            times.setdefault(name, {})[b] = median_time(run, prepare, device, options.warmup,
+                                                        options.repeats)
+            bar.update()
+    bar.close()
+    mbar = tqdm(total=len(layers) * len(grid), desc="memory", unit="run", disable=not progress,
+                leave=False)
+    jobs = [(f"{n.name}|{b}", *unit_job(n.name, b)) for n in layers for b in grid]
+    if device.type == "cuda":
+        for label, run, prepare in jobs:
+            name, b = label.rsplit("|", 1)
+            peaks.setdefault(name, {})[int(b)] = cuda_peak(run, prepare(), device)
+            mbar.update()
+    else:
+        for label, peak in cpu_peaks(jobs, mbar.update).items():
+            name, b = label.rsplit("|", 1)
+            peaks.setdefault(name, {})[int(b)] = peak
+    mbar.close()
+    del rec
+    out_bytes = {n.name: n.out_bytes for n in layers}
+    # Workspace = what the unit needs at its peak beyond its own output (its input was held).
+    ws = {name: fill_workspace({b: max(0, p - out_bytes[name] * b) for b, p in per.items()},
+                               options.batch_max) for name, per in peaks.items()}
+    filled = {name: fill_time(per, options.batch_max) for name, per in times.items()}
+    root = _fill(capture.tree, filled, ws)
+    assert isinstance(root, Series)
+    spec = capture.model.spec
+    meta = {
+        "model": spec.name, "input_shape": list(capture.input_shape), "dtype": spec.dtype,
+        "device": device.type, "device_name": device_name(device), "torch": torch.__version__,
+        "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
+        "batch_sizes_measured": grid, "interpolated": options.grid, "repeats": options.repeats,
+        "warmup": options.warmup, "threads": torch.get_num_threads(),
+        "units": len(layers), "parallel_blocks": len(blocks),
+        "fingerprint": fingerprint(capture, options),
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "elapsed_s": round(time.perf_counter() - started, 2),
+    }
+    return Profile(batch_max=options.batch_max, root=root, meta=meta)
+
+
+def cached_profile(capture: Capture, options: ProfileOptions, cache_dir: Path,
+                   progress: bool = True) -> tuple[Profile, bool]:
+    """The profile of ``capture`` from the cache, or measured and cached; (profile, hit)."""
+    fp = fingerprint(capture, options)
+    path = cache_dir / f"{fp}.json"
+    if path.exists():
+        try:
+            profile = load_profile(path)
+        except ProfileError as exc:
+            log.warning("ignoring unreadable cached profile %s: %s", path, exc)
+        else:
+            log.info("profile cache hit: %s", path)
+            return profile, True
+    profile = measure(capture, options, progress=progress)
+    try:
+        save_profile(profile, path)
+    except OSError as exc:
+        log.warning("could not cache the profile at %s: %s", path, exc)
+    return profile, False

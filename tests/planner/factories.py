@@ -1,0 +1,70 @@
+"""Small models that tests load through ``package.module:factory``."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class MixesSamples(nn.Module):
+    """Subtracts the batch mean: the samples of a batch depend on each other."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return y - y.mean(0, keepdim=True)
+
+
+class FixedBatch(nn.Module):
+    """Reshapes with a batch size baked in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(12, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.reshape(3, -1))
+
+
+class DataDependent(nn.Module):
+    """Control flow on tensor values: torch.fx cannot trace it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:
+            return x * 2
+        return x
+
+
+class TwoLayer(nn.Module):
+    """A plain chain of two convolutions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.b = nn.Conv2d(8, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def mixes_samples() -> nn.Module:
+    return MixesSamples()
+
+
+def fixed_batch() -> nn.Module:
+    return FixedBatch()
+
+
+def data_dependent() -> nn.Module:
+    return DataDependent()
+
+
+def two_layer() -> nn.Module:
+    return TwoLayer()
+
+
+def raises() -> nn.Module:
+    raise RuntimeError("no checkpoint here")

@@ -1,0 +1,89 @@
+"""Bad models and bad input: one clear error naming the problem, exit code 2 from the CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from planner.cli import main
+from planner.errors import BatchMixingError, ModelError, TraceError, UsageError
+from planner.graph.capture import capture
+from planner.models import ModelSpec, load_model, parse_shape
+
+F = "tests.planner.factories"
+
+
+def _capture(name: str, shape: tuple[int, ...]) -> None:
+    capture(load_model(ModelSpec(name, input_shape=shape)))
+
+
+def test_an_op_that_mixes_samples_is_refused_by_name() -> None:
+    with pytest.raises(BatchMixingError, match=r"'mean'.*mixes the samples"):
+        _capture(f"{F}:mixes_samples", (3, 8, 8))
+
+
+def test_a_batch_size_baked_into_an_op_is_refused() -> None:
+    with pytest.raises(ModelError, match="reshape"):
+        _capture(f"{F}:fixed_batch", (12,))
+
+
+def test_data_dependent_control_flow_cannot_be_traced() -> None:
+    with pytest.raises(TraceError, match="torch.fx cannot trace"):
+        _capture(f"{F}:data_dependent", (4,))
+
+
+def test_a_factory_that_raises() -> None:
+    with pytest.raises(ModelError, match="no checkpoint here"):
+        load_model(ModelSpec(f"{F}:raises"))
+
+
+def test_unknown_model_suggests_close_names() -> None:
+    with pytest.raises(ModelError, match="did you mean resnet50"):
+        load_model(ModelSpec("resnet5O"))
+
+
+def test_an_input_shape_the_model_rejects() -> None:
+    with pytest.raises(ModelError, match="rejects input of shape"):
+        _capture(f"{F}:two_layer", (4, 8, 8))
+
+
+@pytest.mark.parametrize("text", ["", "3,-1,4", "a,b", "0"])
+def test_bad_shapes(text: str) -> None:
+    with pytest.raises(UsageError):
+        parse_shape(text)
+
+
+def test_weights_file_round_trip_and_mismatch(tmp_path) -> None:
+    good = tmp_path / "good.pt"
+    model = load_model(ModelSpec(f"{F}:two_layer", input_shape=(3, 8, 8))).module
+    torch.save(model.state_dict(), good)
+    again = load_model(ModelSpec(f"{F}:two_layer", input_shape=(3, 8, 8), weights=good)).module
+    assert torch.equal(again.a.weight, model.a.weight)
+    bad = tmp_path / "bad.pt"
+    torch.save({"a.weight": torch.zeros(1)}, bad)
+    with pytest.raises(ModelError, match="do not fit the model"):
+        load_model(ModelSpec(f"{F}:two_layer", weights=bad))
+    with pytest.raises(ModelError, match="no weights file"):
+        load_model(ModelSpec(f"{F}:two_layer", weights=tmp_path / "missing.pt"))
+
+
+def test_cli_prints_one_line_and_exits_2(capsys) -> None:
+    assert main(["graph", "--model", f"{F}:mixes_samples", "--input-shape", "3,8,8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("vbs graph: error:") and "Traceback" not in err[0]
+
+
+def test_cli_debug_shows_the_traceback() -> None:
+    proc = subprocess.run([sys.executable, "-m", "planner.cli", "--debug", "graph", "--model", "nope_net"],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def test_cli_batch_max_below_one_is_refused(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["profile", "--model", "c3d", "--batch-max", "0"])
+    assert exc.value.code == 2
+    assert "must be >= 1" in capsys.readouterr().err
