@@ -1,0 +1,83 @@
+"""Helpers for the packaging and deployment checks (docker/, compose*.yaml, deploy/).
+
+Everything here runs offline. A tool that is missing (kubectl, a Compose v2 CLI, redis-server,
+kubernetes-validate) skips the tests that need it, with the reason; the rest still run.
+"""
+
+from __future__ import annotations
+
+import http.server
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+OVERLAYS = ("cpu", "gpu")
+
+
+def load_yaml_documents(text: str) -> list[Any]:
+    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed: pip install -e '.[test]'")
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def kustomize_command() -> list[str] | None:
+    """`kubectl kustomize`, or a standalone `kustomize build`, whichever is on PATH."""
+    if shutil.which("kubectl"):
+        return ["kubectl", "kustomize"]
+    if shutil.which("kustomize"):
+        return ["kustomize", "build"]
+    return None
+
+
+def render_kustomization(path: Path) -> list[dict[str, Any]]:
+    """Render one kustomization directory into its list of objects (skips without a tool)."""
+    command = kustomize_command()
+    if command is None:
+        pytest.skip("neither kubectl nor kustomize is on PATH: install kubectl to render deploy/")
+    done = subprocess.run([*command, str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"{' '.join(command)} {path} failed:\n{done.stderr}"
+    return load_yaml_documents(done.stdout)
+
+
+def compose_command() -> list[str] | None:
+    """A Compose v2 CLI: the `docker compose` plugin or a standalone v2 `docker-compose`."""
+    for command in (["docker", "compose"], ["docker-compose"]):
+        if shutil.which(command[0]) is None:
+            continue
+        try:
+            done = subprocess.run([*command, "version", "--short"], capture_output=True,
+                                  text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        version = done.stdout.strip().lstrip("v")
+        if done.returncode == 0 and version[:1].isdigit() and int(version.split(".")[0]) >= 2:
+            return command
+    return None
+
+
+class HealthHandler(http.server.BaseHTTPRequestHandler):
+    """Answers GET /v2/health/live with ``status`` (a class attribute tests change), else 404."""
+
+    status = 200
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self.send_response(self.status if self.path == "/v2/health/live" else 404)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def run_python_check(argv: list[str], port: int) -> int:
+    """Run a container health check `python -c CODE` here, with VBS_PORT=port; its exit code."""
+    assert argv[0] == "python", argv
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VBS_")}
+    env["VBS_PORT"] = str(port)
+    return subprocess.run([sys.executable, *argv[1:]], env=env, capture_output=True,
+                          timeout=30).returncode

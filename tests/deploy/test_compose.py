@@ -1,0 +1,153 @@
+"""compose.yaml (+ compose.gpu.yaml): redis, a one-shot planner, a worker, in the right order.
+
+Read with PyYAML always; with a Compose v2 CLI (`docker compose` or a standalone v2
+`docker-compose`) also resolved by `compose config`, which needs no Docker engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Any
+
+import pytest
+
+from tests.deploy.support import REPO, compose_command, run_python_check
+
+yaml = pytest.importorskip("yaml", reason="PyYAML is not installed: pip install -e '.[test]'")
+
+COMPOSE = REPO / "compose.yaml"
+COMPOSE_GPU = REPO / "compose.gpu.yaml"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+@pytest.fixture(scope="module")
+def compose_gpu() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE_GPU.read_text())
+
+
+def command_text(service: dict[str, Any]) -> str:
+    command = service.get("command", "")
+    return " ".join(command) if isinstance(command, list) else command
+
+
+def healthcheck_text(service: dict[str, Any]) -> str:
+    test = service["healthcheck"]["test"]
+    return " ".join(test) if isinstance(test, list) else test
+
+
+# ------------------------------------------------------------------------------- compose.yaml
+def test_redis_is_pinned_password_protected_persistent_and_checked(compose: dict[str, Any]) -> None:
+    redis = compose["services"]["redis"]
+    image = redis["image"]
+    assert image.startswith("redis:7.") and "alpine" in image and not image.endswith(":latest"), image
+    assert "--requirepass ${REDIS_PASSWORD:?" in command_text(redis), \
+        "redis must refuse to start without REDIS_PASSWORD"
+    check = healthcheck_text(redis)
+    assert "redis-cli" in check and " -a " in check and "ping" in check
+    volumes = [v.split(":")[0] if isinstance(v, str) else v["source"] for v in redis["volumes"]]
+    assert any(v in (compose.get("volumes") or {}) for v in volumes), "redis data is not on a named volume"
+    assert "ports" not in redis, "redis is for planner and worker only; publish no host port"
+
+
+def test_planner_is_one_shot_after_redis_is_healthy(compose: dict[str, Any]) -> None:
+    planner = compose["services"]["planner"]
+    assert command_text(planner).startswith("vbs plan")
+    assert planner["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert planner["restart"] == "no"
+
+
+def test_worker_serves_after_the_planner_succeeded(compose: dict[str, Any]) -> None:
+    worker = compose["services"]["worker"]
+    assert command_text(worker).startswith("vbs serve")
+    assert worker["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert worker["depends_on"]["planner"]["condition"] == "service_completed_successfully"
+    assert any(str(p).endswith(":8000") for p in worker["ports"])
+    assert "/v2/health/live" in healthcheck_text(worker)
+
+
+def test_worker_healthcheck_passes_on_live_and_fails_otherwise(compose: dict[str, Any],
+                                                              health_server) -> None:
+    kind, *argv = compose["services"]["worker"]["healthcheck"]["test"]
+    assert kind == "CMD"
+    server, handler = health_server
+    port = server.server_address[1]
+    assert run_python_check(argv, port) == 0
+    handler.status = 503
+    assert run_python_check(argv, port) == 1
+
+
+def test_planner_and_worker_share_settings_and_image(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    for name in ("planner", "worker"):
+        service = services[name]
+        env = service["environment"]
+        assert env["VBS_STORE"].startswith("redis://:${REDIS_PASSWORD:?")
+        assert env["VBS_STORE"].endswith("@redis:6379/0")
+        assert env["VBS_MODELS"] == "${VBS_MODELS:-squeezenet1_0}"
+        assert env["VBS_CACHE_DIR"] and env["VBS_DEVICE"] == "cpu"
+        assert service["build"]["dockerfile"] == "docker/Dockerfile.cpu"
+        assert service.get("read_only") is True and service.get("cap_drop") == ["ALL"]
+    assert services["planner"]["image"] == services["worker"]["image"]
+    assert "--store" not in command_text(services["planner"]), \
+        "the store URL holds the password: pass it in the environment, not on the command line"
+
+
+def test_gpu_override_reserves_a_gpu_for_planner_and_worker(compose_gpu: dict[str, Any]) -> None:
+    for name in ("planner", "worker"):
+        service = compose_gpu["services"][name]
+        devices = service["deploy"]["resources"]["reservations"]["devices"]
+        assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
+        assert service["environment"]["VBS_DEVICE"] == "cuda"
+        assert service["build"]["dockerfile"] == "docker/Dockerfile.cuda"
+    assert "redis" not in compose_gpu["services"]
+
+
+# ------------------------------------------------------------------------------- compose config
+def compose_config(*files: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    command = compose_command()
+    if command is None:
+        pytest.skip("no Compose v2 CLI here (neither the `docker compose` plugin nor a v2 "
+                    "docker-compose): only the PyYAML checks ran")
+    args = [*command, "--project-directory", str(REPO)]
+    for f in files:
+        args += ["-f", str(REPO / f)]
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("VBS_", "COMPOSE_", "REDIS_PASSWORD", "WORKER_PORT", "GPU_DEVICE"))}
+    return subprocess.run([*args, "config", "--format", "json"], capture_output=True, text=True,
+                          timeout=60, env={**clean, **env})
+
+
+def test_compose_config_resolves_and_needs_a_password() -> None:
+    missing = compose_config("compose.yaml", env={})
+    assert missing.returncode != 0 and "set REDIS_PASSWORD" in missing.stderr
+
+    done = compose_config("compose.yaml", env={"REDIS_PASSWORD": "0123abcd"})
+    assert done.returncode == 0, done.stderr
+    services = json.loads(done.stdout)["services"]
+    assert set(services) == {"redis", "planner", "worker"}
+    assert services["worker"]["environment"]["VBS_STORE"] == "redis://:0123abcd@redis:6379/0"
+    assert services["worker"]["environment"]["VBS_MODELS"] == "squeezenet1_0"
+    assert "0123abcd" in services["redis"]["command"]
+    assert services["worker"]["depends_on"]["planner"]["condition"] == "service_completed_successfully"
+    assert [p["target"] for p in services["worker"]["ports"]] == [8000]
+
+    models = compose_config("compose.yaml", env={"REDIS_PASSWORD": "x1", "VBS_MODELS": "resnet18,c3d"})
+    assert json.loads(models.stdout)["services"]["planner"]["environment"]["VBS_MODELS"] == "resnet18,c3d"
+
+
+def test_compose_config_merges_the_gpu_override() -> None:
+    done = compose_config("compose.yaml", "compose.gpu.yaml", env={"REDIS_PASSWORD": "0123abcd"})
+    assert done.returncode == 0, done.stderr
+    services = json.loads(done.stdout)["services"]
+    for name in ("planner", "worker"):
+        service = services[name]
+        assert service["environment"]["VBS_DEVICE"] == "cuda"
+        assert service["environment"]["VBS_STORE"].endswith("@redis:6379/0"), "base settings kept"
+        assert service["build"]["dockerfile"] == "docker/Dockerfile.cuda"
+        devices = service["deploy"]["resources"]["reservations"]["devices"]
+        assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
