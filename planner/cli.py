@@ -131,7 +131,7 @@ def _extra_commands() -> list[Any]:
     import importlib
 
     adders = []
-    for module in ("planner.cli_solve",):
+    for module in ("planner.cli_solve", "service.cli"):
         try:
             adders.append(importlib.import_module(module).add_parser)
         except ModuleNotFoundError as exc:

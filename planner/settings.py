@@ -6,15 +6,61 @@ project reads the environment.
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 def _default_cache() -> Path:
     return Path.home() / ".cache" / "vbs-serve"
+
+
+_SERVED_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$")
+
+
+def split_model_entry(entry: str) -> tuple[str, str, tuple[int, ...] | None]:
+    """A served model ``[ALIAS=]NAME[@C,H,W]`` as (served name, model name, input shape or None).
+
+    The served name (in URLs) is ALIAS, else NAME. The shape may use ``x`` or ``,``
+    (``3x224x224``); without it the model's default input shape is planned.
+    """
+    text = entry.strip()
+    alias, sep, rest = text.partition("=")
+    if not sep:
+        alias, rest = "", text
+    name, at, shape_text = rest.partition("@")
+    name, alias = name.strip(), alias.strip()
+    if not name or any(c.isspace() for c in name):
+        raise ValueError(f"model {entry!r}: give [ALIAS=]NAME[@C,H,W], e.g. resnet50, "
+                         "tiny=pkg.module:factory@3x32x32")
+    served = alias or name
+    if not _SERVED_NAME.match(served):
+        raise ValueError(f"model {entry!r}: the served name {served!r} may hold letters, digits, "
+                         "'_', '.', '-' (64 at most); give a short alias: ALIAS=NAME")
+    shape = None
+    if at:
+        parts = [p for p in re.split(r"[x,]", shape_text.replace(" ", "")) if p]
+        if not parts or not all(p.isdigit() and int(p) >= 1 for p in parts) or len(parts) > 5:
+            raise ValueError(f"model {entry!r}: input shape {shape_text!r} must be positive "
+                             "integers like 3x224x224 (C,H,W) or 3x16x112x112 (C,T,H,W)")
+        shape = tuple(int(p) for p in parts)
+    return served, name, shape
+
+
+def _size(value: Any, field: str) -> Any:
+    """A byte count given as a number or as text with a unit (``64MB``; MB = 10^6, MiB = 2^20)."""
+    if isinstance(value, str):
+        from planner.errors import UsageError
+        from planner.solver.memory import parse_bytes  # light: no numba, no torch
+        try:
+            return parse_bytes(value)
+        except UsageError as exc:
+            raise ValueError(f"{field}: {exc}") from exc
+    return value
 
 
 class Settings(BaseSettings):
@@ -36,6 +82,43 @@ class Settings(BaseSettings):
     profile_warmup: int = Field(default=2, ge=0, le=1000, description="untimed runs before timing")
     threads: int = Field(default=0, ge=0, description="torch intra-op threads on CPU; 0 = torch's default")
 
+    # -- the HTTP service (`vbs serve`) ------------------------------------------------------
+    host: str = Field(default="127.0.0.1", min_length=1, description="address the service listens on")
+    port: int = Field(default=8000, ge=0, le=65535, description="TCP port of the service (0 = any free)")
+    models: list[str] | str = Field(
+        default_factory=list,
+        description="models to serve, each [ALIAS=]NAME[@C,H,W]; VBS_MODELS takes them "
+                    "comma-separated (a,b@3x64x64) or as a JSON list")
+    solver: Literal["vbs", "paper", "fbs", "greedy"] = Field(
+        default="vbs", description="solver of the tables the service asks the store for")
+    api_key: SecretStr | None = Field(
+        default=None, description="when set, inference and /plan need 'Authorization: Bearer KEY'")
+    max_batch_delay_ms: float = Field(default=5.0, ge=0, le=60_000,
+                                      description="longest a request waits for others to batch with")
+    max_queue: int = Field(default=256, ge=1, le=1_000_000,
+                           description="requests waiting per model before 503 + Retry-After")
+    request_timeout_s: float = Field(default=30.0, gt=0, le=3600,
+                                     description="queue + run time after which a request gets 504")
+    max_body_bytes: int = Field(default=64 * 2**20, ge=1024, le=2**34,
+                                description="largest request body (bytes or 64MB); larger gets 413")
+    max_samples_per_request: int = Field(default=256, ge=1, le=100_000,
+                                         description="most samples in one request; more gets 413")
+    max_image_pixels: int = Field(default=40_000_000, ge=1, le=2**31,
+                                  description="largest image (width x height) decoded for /infer")
+    latency_target_s: float | None = Field(
+        default=None, gt=0, le=3600,
+        description="when set, a batch gathers only as many samples as a plan runs within it")
+    memory_limit_bytes: int = Field(default=0, ge=0,
+                                    description="most memory a plan may use (bytes or 64MB); 0 = what is free")
+    memory_margin_bytes: int = Field(default=0, ge=0,
+                                     description="memory kept back from plans (bytes or 16MB)")
+    store_retry_base_s: float = Field(default=0.2, gt=0, le=60,
+                                      description="first delay before reconnecting to a store that is down")
+    store_retry_cap_s: float = Field(default=30.0, gt=0, le=3600,
+                                     description="longest delay between reconnects to the store")
+    store_poll_s: float = Field(default=1.0, gt=0, le=3600,
+                                description="how often a directory store is polled for new tables")
+
     @field_validator("store")
     @classmethod
     def _check_store(cls, value: str) -> str:
@@ -43,6 +126,61 @@ class Settings(BaseSettings):
         if value and "://" in value and not value.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"store {value!r}: use a redis://host:port/db URL or a directory path")
         return value
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _split_models(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                try:
+                    return json.loads(text)
+                except ValueError as exc:
+                    raise ValueError(f"models {text!r} is not a JSON list ({exc}): give "
+                                     'NAME,NAME or ["NAME", "NAME"]') from exc
+            # Commas separate models, except inside a shape (a comma before a digit).
+            return [part for part in re.split(r",\s*(?=[^\d\s])", text) if part.strip()]
+        return value
+
+    @field_validator("models", mode="after")
+    @classmethod
+    def _check_models(cls, value: list[str] | str) -> list[str]:
+        entries = [value] if isinstance(value, str) else list(value)
+        served: dict[str, str] = {}
+        out = []
+        for entry in entries:
+            name = split_model_entry(entry)[0]
+            if name in served:
+                raise ValueError(f"models {served[name]!r} and {entry!r} are both served as "
+                                 f"{name!r}: give one an alias, ALIAS=NAME")
+            served[name] = entry
+            out.append(entry.strip())
+        return out
+
+    @field_validator("max_body_bytes", "memory_limit_bytes", "memory_margin_bytes", mode="before")
+    @classmethod
+    def _sizes(cls, value: Any, info: Any) -> Any:
+        return _size(value, info.field_name)
+
+    @field_validator("api_key")
+    @classmethod
+    def _check_api_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value().strip()) < 8:
+            raise ValueError("api_key must have at least 8 characters (or leave it unset)")
+        return value
+
+    @model_validator(mode="after")
+    def _check_retry(self) -> Settings:
+        if self.store_retry_cap_s < self.store_retry_base_s:
+            raise ValueError(f"store_retry_cap_s {self.store_retry_cap_s} must be >= "
+                             f"store_retry_base_s {self.store_retry_base_s}")
+        return self
+
+    @property
+    def served_models(self) -> list[tuple[str, str, tuple[int, ...] | None]]:
+        """(served name, model name, input shape or None) of every model to serve."""
+        entries = [self.models] if isinstance(self.models, str) else self.models
+        return [split_model_entry(e) for e in entries]
 
     @property
     def profile_cache(self) -> Path:

@@ -1,0 +1,110 @@
+"""``vbs solve``: plan one request from a profile file, without torch (it starts fast).
+
+    vbs solve --profile FILE --memory BYTES --batch R [--slot-bytes N]
+              [--solver vbs|paper|fbs|greedy] [--objective time|energy] [--json]
+
+With ``--json`` it prints one JSON object: ``feasible``, ``time_total``, ``time_per_sample``,
+``peak_bytes``, ``program`` (a list of ``{"unit", "samples"}``), ``solver``,
+``memory_budget``, ``slot_bytes`` (and ``objective``, ``cost``, ``plan_id``). When nothing
+fits, ``feasible`` is false, the plan fields are null, ``reason`` says what is missing, and
+the exit code is still 0. Bad input raises UsageError or ProfileError (exit code 2 from
+``vbs``). Without ``--json`` it prints a readable table: per unit the batch size of each of
+its steps and the least memory left unused while it ran (the paper's Table III).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from planner.errors import InfeasibleError, UsageError, VbsError
+from planner.solver.memory import check_slot_bytes, format_bytes, parse_bytes
+from planner.solver.model import OBJECTIVES, build_instance
+from planner.solver.simulate import simulate
+from planner.solver.solve import SOLVERS, default_slot_bytes, solve
+from planner.tree import load_profile
+
+
+def _batch(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of samples") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} samples: give at least 1")
+    return value
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``solve`` subcommand to a ``vbs`` parser's subparsers."""
+    p = subparsers.add_parser("solve", help="plan one request within a memory budget (no torch)",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("--profile", required=True, help="a vbs.profile/1 JSON file")
+    p.add_argument("--memory", required=True,
+                   help="memory budget: bytes or a size such as 30MB, 1.5GB, 512KiB, 2GiB")
+    p.add_argument("--batch", required=True, type=_batch, help="request size r (1..batch_max)")
+    p.add_argument("--slot-bytes", default=None,
+                   help="memory slot size (default: 1/512 of the all-at-batch_max plan's need)")
+    p.add_argument("--solver", choices=SOLVERS, default="vbs", help="default: vbs")
+    p.add_argument("--objective", choices=OBJECTIVES, default="time", help="default: time")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Solve and print; an infeasible request is an answer (exit 0), not an error."""
+    memory = parse_bytes(args.memory)  # sizes are read here so bad text is a UsageError
+    slot_arg = parse_bytes(args.slot_bytes) if args.slot_bytes is not None else None
+    profile = load_profile(args.profile)
+    inst = build_instance(profile, args.objective)
+    if args.batch > inst.batch_max:
+        raise UsageError(f"--batch {args.batch} is larger than the profile's batch_max "
+                         f"{inst.batch_max}; profile with --batch-max {args.batch} or more")
+    slot = check_slot_bytes(slot_arg) if slot_arg is not None else default_slot_bytes(inst)
+    try:
+        plan = solve(inst, args.batch, memory, solver=args.solver, objective=args.objective,
+                     slot_bytes=slot)
+    except InfeasibleError as exc:
+        if args.json:
+            print(json.dumps({"feasible": False, "solver": args.solver, "objective": args.objective,
+                              "batch": args.batch, "memory_budget": memory, "slot_bytes": slot,
+                              "time_total": None, "time_per_sample": None, "cost": None,
+                              "peak_bytes": None, "plan_id": None, "program": None,
+                              "reason": str(exc)}))
+        else:
+            print(f"{args.solver}: infeasible: {exc}")
+        return 0
+    if args.json:
+        print(json.dumps(plan.to_json()))
+        return 0
+    sim = simulate(inst, plan.program, args.batch, memory, slot_bytes=slot)
+    print(f"{plan.solver} plan: {plan.batch} samples in {format_bytes(plan.budget_bytes)} "
+          f"({plan.budget_bytes} bytes; slots of {slot} bytes), objective {plan.objective}")
+    print(f"time {plan.time_total:.6g} s total, {plan.time_per_sample:.6g} s per sample; "
+          f"peak {format_bytes(plan.peak_bytes)} ({plan.peak_bytes} bytes); "
+          f"{len(plan.program)} steps; plan {plan.plan_id}")
+    width = max(len(u.name) for u in sim.units)
+    print(f"{'unit':<{width}}  {'unused (min)':>12}  batch of each step")
+    for u in sim.units:
+        batches = " ".join(str(b) for b in u.batches)
+        print(f"{u.name:<{width}}  {format_bytes(min(u.unused_bytes)):>12}  {batches}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m planner.cli_solve ...``: the same as ``vbs solve ...``."""
+    parser = argparse.ArgumentParser(prog="vbs")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["solve", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return run(args)
+    except VbsError as exc:
+        print(f"vbs solve: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""Run the DP kernels over a whole tree and read plans out of the result.
+
+Chains are solved bottom-up: every branch chain of a block before the chain holding the
+block, so a block's exact cost E (the paper's "special layer") is ready when its chain is
+solved. All chains' tables live in one flat float64 buffer so that ``kernel.reconstruct`` can
+walk from the root into branches without Python in the loop.
+
+Memory accounting in slots (DESIGN.md): a layer step needs
+``slots_up(in*b + ws(b) + out*b)``; a block phase reserves ``slots_up((in+out)*b)`` for the
+fork and the join and gives its branches the rest; waiting inputs and arrived outputs of a
+phase split are ``slots_up(size*count)`` each. Every piece is rounded up, so the exact bytes
+of a plan chosen within m slots never exceed ``m * slot_bytes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.errors import PlanError, UsageError
+from planner.solver import kernel
+from planner.solver.memory import slots_up
+from planner.solver.model import Chain, Instance
+
+MODES = {"vbs": kernel.MODE_VBS, "paper": kernel.MODE_PAPER}
+MAX_SLOTS = 1 << 16  # beyond this the memory axis is too fine to be useful: use larger slots
+
+
+@dataclass(frozen=True)
+class RawPlan:
+    """A program read out of the tables, as global unit indices, with its exact needs."""
+
+    units: np.ndarray     # int64 global unit index per step
+    samples: np.ndarray   # int64 samples per step
+    needs: np.ndarray     # int64 exact bytes needed by each step
+    peak: int
+    cost: float           # the DP's value of OPT[root, r, m]
+
+
+class ChainTables:
+    """DP tables of every chain of an instance for one mode, batch sizes 0..B and slots 0..M."""
+
+    def __init__(self, inst: Instance, mode: str, slot_bytes: int, slots: int, batch: int | None = None):
+        if mode not in MODES:
+            raise UsageError(f"unknown DP solver {mode!r}; use one of {', '.join(MODES)}")
+        if slots < 0:
+            raise UsageError(f"memory of {slots} slots is negative")
+        if slots >= MAX_SLOTS:
+            raise UsageError(f"{slots} memory slots of {slot_bytes} bytes are too fine; give a "
+                             f"larger slot size (slot_bytes) so the budget is at most {MAX_SLOTS - 1} slots")
+        self.inst = inst
+        self.mode = mode
+        self.slot_bytes = slot_bytes
+        self.M = slots
+        self.B = inst.batch_max if batch is None else batch  # plan only up to this many samples
+        B1, M1 = self.B + 1, self.M + 1
+        chains = inst.chains
+        order = _post_order(inst)
+
+        # global unit numbering (Instance.global_units): chains in id order, units by position
+        self.chain_uoff = np.zeros(len(chains), np.int64)
+        offset = 0
+        for ch in chains:
+            self.chain_uoff[ch.cid] = offset
+            offset += ch.n
+        self.units = inst.global_units
+        U = len(self.units)
+        self.chain_n = np.array([ch.n for ch in chains], np.int64)
+        ntri = [ch.n * (ch.n + 1) // 2 for ch in chains]
+        self.chain_toff = np.zeros(len(chains), np.int64)
+        self.chain_eoff = np.zeros(len(chains), np.int64)
+        self.chain_boff = np.zeros(len(chains), np.int64)
+        self.chain_soff = np.zeros(len(chains), np.int64)
+        tsz = esz = bsz = ssz = 0
+        for ch in chains:
+            self.chain_toff[ch.cid], self.chain_eoff[ch.cid] = tsz, esz
+            self.chain_boff[ch.cid], self.chain_soff[ch.cid] = bsz, ssz
+            tsz += ntri[ch.cid] * B1 * M1
+            esz += ch.n * B1 * M1
+            bsz += (ch.n + 1) * B1
+            ssz += ch.n + 1
+        self.T = np.full(tsz, np.inf)
+        self.E = np.full(esz, np.inf)
+        self.bslots = np.zeros(bsz, np.int64)
+        self.sizes = np.zeros(ssz, np.int64)
+        self.unit_block = np.zeros(U, np.bool_)
+        self.unit_ws = np.zeros((U, B1), np.int64)
+        self.unit_base = np.zeros((U, B1), np.int64)
+        self.unit_boff = np.zeros(U, np.int64)
+        self.unit_bcnt = np.zeros(U, np.int64)
+        branch_chain: list[int] = []
+        for ch in chains:
+            so, bo = int(self.chain_soff[ch.cid]), int(self.chain_boff[ch.cid])
+            self.sizes[so:so + ch.n + 1] = ch.sizes
+            for t, s in enumerate(ch.sizes):
+                self.bslots[bo + t * B1: bo + (t + 1) * B1] = [slots_up(s * x, slot_bytes) for x in range(B1)]
+            for pos, u in enumerate(ch.units):
+                g = int(self.chain_uoff[ch.cid]) + pos
+                self.unit_block[g] = u.is_block
+                self.unit_ws[g, 1:] = u.ws[:self.B]
+                if u.is_block:
+                    s = ch.sizes[pos] + ch.sizes[pos + 1]
+                    self.unit_base[g] = [slots_up(s * x, slot_bytes) for x in range(B1)]
+                    self.unit_boff[g] = len(branch_chain)
+                    self.unit_bcnt[g] = len(u.branches)
+                    branch_chain.extend(b.cid for b in u.branches)
+        self.branch_chain = np.array(branch_chain + [0], np.int64)
+
+        for ch in order:
+            self._solve_chain(ch)
+
+    # ------------------------------------------------------------------ building
+
+    def table(self, cid: int) -> np.ndarray:
+        """The (n(n+1)/2, B+1, M+1) view of chain ``cid``'s OPT tables."""
+        n = int(self.chain_n[cid])
+        o = int(self.chain_toff[cid])
+        size = n * (n + 1) // 2 * (self.B + 1) * (self.M + 1)
+        return self.T[o:o + size].reshape(n * (n + 1) // 2, self.B + 1, self.M + 1)
+
+    def exact(self, cid: int) -> np.ndarray:
+        """The (n, B+1, M+1) view of chain ``cid``'s E: each unit at exactly b samples."""
+        n = int(self.chain_n[cid])
+        o = int(self.chain_eoff[cid])
+        return self.E[o:o + n * (self.B + 1) * (self.M + 1)].reshape(n, self.B + 1, self.M + 1)
+
+    def top(self, cid: int = 0) -> np.ndarray:
+        """(B+1, M+1): OPT of the whole chain ``cid``; row 0 is 0 (nothing to do)."""
+        n = int(self.chain_n[cid])
+        if n == 0:  # an empty branch (identity shortcut) costs nothing beyond the fold
+            return np.zeros((self.B + 1, self.M + 1))
+        return self.table(cid)[kernel.tri(n, 0, n - 1)]
+
+    def _solve_chain(self, ch: Chain) -> None:
+        """Fill E for the chain's units (its branch chains are solved already), then its OPT."""
+        if ch.n == 0:
+            return
+        B1, M1 = self.B + 1, self.M + 1
+        E = self.exact(ch.cid)
+        mvec = np.arange(M1, dtype=np.int64)
+        for pos, u in enumerate(ch.units):
+            g = int(self.chain_uoff[ch.cid]) + pos
+            cost = np.array((np.inf,) + tuple(u.cost[:self.B]))
+            if not u.is_block:
+                need = np.array([np.iinfo(np.int64).max] + [
+                    slots_up(ch.sizes[pos] * b + u.ws_at(b) + ch.sizes[pos + 1] * b, self.slot_bytes)
+                    for b in range(1, B1)], np.int64)
+                E[pos] = np.where(mvec[None, :] >= need[:, None], cost[:, None], np.inf)
+            else:
+                F = np.stack([self.top(b.cid) for b in u.branches]) if u.branches else \
+                    np.zeros((0, B1, M1))
+                F = np.ascontiguousarray(F)
+                fold = np.array([0.0] + list(u.cost[:self.B]))
+                kernel.block_exact(F, fold, self.unit_base[g], E[pos])
+                E[pos, 0] = np.inf
+        bs = self.bslots[int(self.chain_boff[ch.cid]):int(self.chain_boff[ch.cid]) + (ch.n + 1) * B1]
+        kernel.chain_dp(E, bs.reshape(ch.n + 1, B1), MODES[self.mode], self.table(ch.cid))
+
+    # ------------------------------------------------------------------ reading plans
+
+    def plan(self, r: int, m: int) -> RawPlan | None:
+        """The program of OPT[root, r, m], or None when no schedule fits in m slots."""
+        if not 1 <= r <= self.B or not 0 <= m <= self.M:
+            raise UsageError(f"(r={r}, m={m}) is outside the tables (r <= {self.B}, m <= {self.M})")
+        cap = len(self.units) * r + 1
+        out_u = np.empty(cap, np.int64)
+        out_s = np.empty(cap, np.int64)
+        out_n = np.empty(cap, np.int64)
+        steps, peak = kernel.reconstruct(
+            self.T, self.E, self.chain_n, self.chain_toff, self.chain_eoff, self.chain_boff,
+            self.chain_uoff, self.chain_soff, self.bslots, self.sizes, self.unit_block,
+            self.unit_ws, self.unit_base, self.unit_boff, self.unit_bcnt, self.branch_chain,
+            self.B + 1, self.M + 1, MODES[self.mode], r, m, out_u, out_s, out_n)
+        if steps == -1:
+            return None
+        if steps < 0:
+            raise PlanError(f"internal error: the {self.mode} tables do not reproduce their own "
+                            f"optimum at r={r}, m={m}; please report this with the profile")
+        return RawPlan(out_u[:steps].copy(), out_s[:steps].copy(), out_n[:steps].copy(),
+                       int(peak), float(self.top()[r, m]))
+
+
+def _post_order(inst: Instance) -> list[Chain]:
+    """Chains with every branch chain before the chain that holds its block."""
+    out: list[Chain] = []
+
+    def visit(ch: Chain) -> None:
+        for u in ch.units:
+            for b in u.branches:
+                visit(b)
+        out.append(ch)
+
+    visit(inst.root)
+    return out

@@ -1,0 +1,210 @@
+"""The solver's view of a Profile: chains of units with boundary sizes, per objective.
+
+The division tree is flattened into chains (``Chain``): the root series, and one chain per
+branch of every parallel block. A chain of n units has n+1 boundaries; ``sizes[k]`` is the
+bytes per sample held at boundary k (``sizes[0]`` feeds unit 0, ``sizes[n]`` is the last
+unit's output). A branch chain's input is 0: it is the block's fork, already held (the
+paper's branch collapse). Its output is 0 too when a layer ends the branch, folded into the
+block's join buffer, but that layer's output is allocated by torch before the fold, so its
+size is added to the layer's workspace: the paper counts it as 0, which no executor can do. A unit is a
+layer (``layer`` or ``opaque``: run as a whole) or a parallel block whose branches are chains.
+
+Every solver, the simulator and the baselines read sizes, workspaces and costs from here
+only, so there is one model of memory in code as in DESIGN.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+
+from planner.errors import ProfileError, UsageError
+from planner.tree import Layer, Node, Parallel, Profile, Series, node_to_json
+
+OBJECTIVES = ("time", "energy")
+
+
+@dataclass(frozen=True, eq=False)
+class Unit:
+    """One unit of a chain: a layer, or a parallel block with its branch chains."""
+
+    name: str
+    is_block: bool
+    cost: tuple[float, ...]  # objective total for b = 1..B samples at once (a block: the fold)
+    time: tuple[float, ...]  # seconds for b = 1..B samples at once (a block: the fold)
+    ws: tuple[int, ...]      # workspace bytes at b = 1..B (0 for a block)
+    branches: tuple["Chain", ...] = ()
+    join: str = ""
+
+    def cost_at(self, b: int) -> float:
+        return self.cost[b - 1]
+
+    def time_at(self, b: int) -> float:
+        return self.time[b - 1]
+
+    def ws_at(self, b: int) -> int:
+        return self.ws[b - 1]
+
+
+@dataclass(frozen=True, eq=False)
+class Chain:
+    """Units run one after another, with the bytes per sample held at each boundary."""
+
+    cid: int
+    units: tuple[Unit, ...]
+    sizes: tuple[int, ...]  # len(units) + 1 boundaries; a branch chain's ends are 0
+    parent: tuple[int, int, int] | None = None  # (parent chain id, block position, branch index)
+
+    @property
+    def n(self) -> int:
+        return len(self.units)
+
+
+@dataclass(frozen=True, eq=False)
+class Instance:
+    """A profile flattened into chains for one objective; ``chains[0]`` is the root."""
+
+    batch_max: int
+    objective: str
+    chains: tuple[Chain, ...]
+    fingerprint: str = ""
+    locate: dict[str, tuple[int, int]] = field(default_factory=dict)  # unit name -> (chain, position)
+
+    @property
+    def root(self) -> Chain:
+        return self.chains[0]
+
+    @cached_property
+    def unit_names(self) -> tuple[str, ...]:
+        """Every unit name in execution order (a block before its branches' units)."""
+        names: list[str] = []
+
+        def walk(chain: Chain) -> None:
+            for unit in chain.units:
+                names.append(unit.name)
+                for branch in unit.branches:
+                    walk(branch)
+
+        walk(self.root)
+        return tuple(names)
+
+    @cached_property
+    def global_units(self) -> tuple[Unit, ...]:
+        """Every unit, chains in id order and units in position order: the DP's numbering."""
+        return tuple(u for ch in self.chains for u in ch.units)
+
+    @cached_property
+    def global_index(self) -> dict[str, int]:
+        return {u.name: g for g, u in enumerate(self.global_units)}
+
+    def unit(self, name: str) -> Unit:
+        cid, pos = self.locate[name]
+        return self.chains[cid].units[pos]
+
+    @cached_property
+    def depth(self) -> int:
+        """How many parallel blocks nest at most (0 for a chain)."""
+        def d(chain: Chain) -> int:
+            return max((1 + max(d(b) for b in u.branches) for u in chain.units if u.is_block),
+                       default=0)
+        return d(self.root)
+
+
+def _flatten(node: Node) -> list[Layer | Parallel]:
+    """A series' units in order, nested series spliced in."""
+    if isinstance(node, Series):
+        out: list[Layer | Parallel] = []
+        for child in node.children:
+            out.extend(_flatten(child))
+        return out
+    return [node]
+
+
+def _costs(values: tuple[float, ...], what: str, name: str, batch_max: int,
+           *, optional: bool) -> tuple[float, ...]:
+    if not values:
+        if optional:
+            return (0.0,) * batch_max
+        raise UsageError(f"unit {name!r} has no {what!r} list; objective {what!r} needs one on "
+                         f"every layer (b = 1..{batch_max}); profile it again or use objective 'time'")
+    if len(values) != batch_max:
+        raise ProfileError(f"unit {name!r}: {what!r} has {len(values)} values, batch_max is {batch_max}")
+    return tuple(float(v) for v in values)
+
+
+def build_instance(profile: Profile, objective: str = "time") -> Instance:
+    """Flatten ``profile`` into chains; bad names or missing measurements are errors that say why."""
+    if objective not in OBJECTIVES:
+        raise UsageError(f"unknown objective {objective!r}; use one of {', '.join(OBJECTIVES)}")
+    B = profile.batch_max
+    chains: list[Chain | None] = []
+    locate: dict[str, tuple[int, int]] = {}
+
+    def make_chain(node: Node, *, is_branch: bool, parent: tuple[int, int, int] | None) -> Chain:
+        cid = len(chains)
+        chains.append(None)  # reserve the id so a parent's id is smaller than its branches'
+        members = _flatten(node)
+        units: list[Unit] = []
+        for pos, m in enumerate(members):
+            if m.name in locate:
+                raise ProfileError(f"unit name {m.name!r} is used twice (layers and parallel blocks "
+                                   f"share one namespace in a program); give every node a unique name")
+            locate[m.name] = (cid, pos)
+            if isinstance(m, Layer):
+                if len(m.ws) != B or len(m.time) != B:
+                    raise ProfileError(f"layer {m.name!r} needs 'time' and 'ws' for b = 1..{B}; "
+                                       f"this tree is not measured (run `vbs profile`)")
+                time = _costs(m.time, "time", m.name, B, optional=False)
+                cost = time if objective == "time" else _costs(m.energy, "energy", m.name, B,
+                                                               optional=False)
+                units.append(Unit(m.name, False, cost, time, tuple(int(w) for w in m.ws)))
+            else:
+                time = _costs(m.time, "time", m.name, B, optional=True)
+                cost = time if objective == "time" else _costs(m.energy, "energy", m.name, B,
+                                                               optional=True)
+                branches = tuple(make_chain(b, is_branch=True, parent=(cid, pos, a))
+                                 for a, b in enumerate(m.branches))
+                units.append(Unit(m.name, True, cost, time, (0,) * B, branches, m.join))
+        if units:
+            sizes = [members[0].in_bytes] + [m.out_bytes for m in members]
+        else:
+            sizes = [0]
+        if is_branch:
+            # The fork is held by the block (the paper's collapse): the branch reads it.
+            sizes[0] = 0
+            if units and not units[-1].is_block:
+                # The last layer's output is folded into the join buffer at once, so it is not
+                # held after its step; but torch allocates it before the fold, so it counts
+                # while the layer runs (the paper counts it as 0, which no executor can do).
+                out = members[-1].out_bytes
+                units[-1] = replace(units[-1], ws=tuple(w + out * b for b, w in
+                                                        enumerate(units[-1].ws, start=1)))
+                sizes[-1] = 0
+            # A block that closes a branch keeps its join size: its join buffer is allocated
+            # while its phase is open (and, conservatively, counted until the branch ends).
+        chain = Chain(cid, tuple(units), tuple(int(s) for s in sizes), parent)
+        chains[cid] = chain
+        return chain
+
+    make_chain(profile.root, is_branch=False, parent=None)
+    fingerprint = profile.fingerprint or content_fingerprint(profile)
+    if not chains[0].units:  # type: ignore[union-attr]
+        raise ProfileError("the profile's root has no units")
+    return Instance(batch_max=B, objective=objective, chains=tuple(chains),  # type: ignore[arg-type]
+                    fingerprint=fingerprint, locate=locate)
+
+
+def content_fingerprint(profile: Profile) -> str:
+    """A hash of the tree and its measurements, for profiles whose meta carries no fingerprint."""
+    canon = json.dumps(node_to_json(profile.root), sort_keys=True, separators=(",", ":"))
+    return "content-" + hashlib.sha256(f"{profile.batch_max}:{canon}".encode()).hexdigest()[:16]
+
+
+def check_batch(instance: Instance, r: int) -> int:
+    """``r`` as a request size 1..batch_max, or a UsageError."""
+    if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= instance.batch_max:
+        raise UsageError(f"request size {r!r} is outside 1..{instance.batch_max} (the profile's "
+                         f"batch_max); profile with a larger batch_max to plan more samples")
+    return r

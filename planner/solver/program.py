@@ -1,0 +1,118 @@
+"""Programs and plans: what the solver hands to the executor, as frozen data with a JSON form.
+
+A Program is a list of steps ``{"unit": NAME, "samples": C}``: run that unit on the next C
+samples waiting at its input, in order. A step naming a parallel block opens a phase of C
+samples of that block; the steps of its branches follow (``planner.solver.simulate`` is the
+one executable statement of what a program means). A Plan is a program with what the solver
+claims about it: its cost under the objective, its total time and its peak memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from planner.errors import InvalidProgramError
+
+
+@dataclass(frozen=True)
+class Step:
+    """Run ``unit`` on the next ``samples`` samples waiting at its input."""
+
+    unit: str
+    samples: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"unit": self.unit, "samples": self.samples}
+
+
+@dataclass(frozen=True)
+class Program:
+    """The steps of one schedule, in the order they run."""
+
+    steps: tuple[Step, ...]
+
+    def __iter__(self) -> Iterator[Step]:
+        return iter(self.steps)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    @classmethod
+    def of(cls, pairs: Iterable[tuple[str, int]]) -> "Program":
+        """A program from ``(unit, samples)`` pairs."""
+        return cls(tuple(Step(str(u), int(c)) for u, c in pairs))
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [s.to_json() for s in self.steps]
+
+    @classmethod
+    def from_json(cls, raw: Any) -> "Program":
+        """Parse ``[{"unit": NAME, "samples": C}, ...]``; a malformed step is an InvalidProgramError."""
+        if not isinstance(raw, list):
+            raise InvalidProgramError(f"a program must be a JSON list of steps, got {type(raw).__name__}")
+        steps = []
+        for i, item in enumerate(raw):
+            if not isinstance(item, dict) or set(item) != {"unit", "samples"}:
+                raise InvalidProgramError(f"step {i}: must be an object with exactly 'unit' and "
+                                          f"'samples', got {item!r}")
+            unit, samples = item["unit"], item["samples"]
+            if not isinstance(unit, str):
+                raise InvalidProgramError(f"step {i}: 'unit' must be a unit name, got {unit!r}")
+            if isinstance(samples, bool) or not isinstance(samples, int):
+                raise InvalidProgramError(f"step {i}: 'samples' must be a whole number, got {samples!r}")
+            steps.append(Step(unit, samples))
+        return cls(tuple(steps))
+
+    @property
+    def plan_id(self) -> str:
+        """A short hash of the steps alone: the same program has the same id in every version."""
+        return program_id((s.unit, s.samples) for s in self.steps)
+
+
+def program_id(pairs: Iterable[tuple[str, int]]) -> str:
+    """16 hex digits of SHA-256 over the canonical JSON ``[[unit, samples], ...]`` (compact
+    separators, ASCII escapes): anyone can recompute it from the program alone."""
+    names: dict[str, str] = {}
+    parts = []
+    for u, c in pairs:
+        name = names.get(u)
+        if name is None:
+            name = names[u] = json.dumps(u, ensure_ascii=True)
+        parts.append(f"[{name},{int(c)}]")
+    return hashlib.sha256(("[" + ",".join(parts) + "]").encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A program and the solver's claims about it for ``batch`` samples in ``budget_bytes``."""
+
+    solver: str
+    objective: str
+    batch: int
+    budget_bytes: int
+    slot_bytes: int
+    program: Program
+    cost: float        # total of the objective (seconds for "time", joules for "energy")
+    time_total: float  # total seconds, whatever the objective
+    peak_bytes: int    # exact peak of activations and workspaces while it runs
+
+    @property
+    def time_per_sample(self) -> float:
+        return self.time_total / self.batch
+
+    @property
+    def plan_id(self) -> str:
+        return self.program.plan_id
+
+    def to_json(self) -> dict[str, Any]:
+        """The object ``vbs solve --json`` prints for a feasible request."""
+        return {"feasible": True, "solver": self.solver, "objective": self.objective,
+                "batch": self.batch, "memory_budget": self.budget_bytes,
+                "slot_bytes": self.slot_bytes, "time_total": self.time_total,
+                "time_per_sample": self.time_per_sample, "cost": self.cost,
+                "peak_bytes": self.peak_bytes, "plan_id": self.plan_id,
+                "program": self.program.to_json()}

@@ -1,0 +1,266 @@
+"""The simulator: the one executable statement of what a Program means under the model of memory.
+
+Every solver's claims are checked against it and the executor must do exactly what it does.
+
+State. Samples wait at boundaries. The root chain starts with the request's ``r`` samples at
+its input boundary and ends with all ``r`` at its output boundary. Held memory is the sum,
+over every boundary of every active chain, of (samples waiting there) x (bytes per sample of
+that boundary), plus the join buffer reserved by every open block phase.
+
+Steps, in order, each ``{"unit": U, "samples": C}`` with C >= 1:
+
+- A layer U takes the next C samples waiting at its input boundary. While it runs it needs
+  ``held + ws(U, C) + out(U) * C`` bytes (its C inputs are still held: they are part of
+  ``held``). Then its C inputs are released and C samples wait at its output boundary.
+  It costs ``cost(U, C)`` (the TOTAL for C samples at once, as measured).
+- A parallel block U opens a phase of C samples: the next C samples at its input (the fork)
+  stay held there until the phase closes, and the join buffer for C samples,
+  ``out(U) * C`` bytes, is reserved now; the step needs ``held + out(U) * C``. It costs the
+  block's fold cost for C samples (``Parallel.time[C-1]``, 0 when not measured).
+  Then the branches run one after another, branch 0 first: each branch is a chain that
+  starts with the C samples waiting at its input and must end with all C at its output;
+  its steps follow, with any sub-batching (and nested blocks). A branch's input and output
+  boundaries hold 0 bytes: they are the block's fork and join, already held (each branch's
+  last unit folds its output into the join buffer in place: cat into slices, add by
+  accumulation, a ``mul`` applied with the fork). An empty branch (identity shortcut) has
+  no steps. When the last branch has all C samples at its output, the phase closes: the
+  fork's C samples are released and C samples wait at the block's output boundary (the
+  join buffer becomes those samples; nothing is copied or allocated).
+- While a phase is open, only steps of its current branch are allowed (a branch finishes
+  all C samples before the next starts; the phase closes before anything outside the
+  block runs).
+
+Samples are first-in first-out at every boundary: a step takes the oldest C samples waiting
+there, so samples leave every unit, and the network, in the order they came (an executor may
+keep one contiguous buffer per boundary and slide over it). A phase's branches read the
+phase's C fork samples in that order and write the join rows of the same samples.
+
+A program is rejected (InvalidProgramError naming the step and why) for an unknown unit,
+C < 1, more samples than wait at the unit's input, a step outside the open phase's current
+branch, a step over budget, or samples left anywhere else than the root output at the end.
+
+Budget. With ``slot_bytes`` s, the usable budget is ``floor(budget / s) * s`` bytes (a budget
+is rounded down to whole slots); a step fits when its exact need is at most that. The
+slot-rounded peak reported is ``ceil(peak / s) * s``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from planner.errors import InvalidProgramError, UsageError
+from planner.solver.memory import check_slot_bytes
+from planner.solver.model import Chain, Instance, build_instance
+from planner.solver.program import Program, Step
+from planner.tree import Profile
+
+
+@dataclass(frozen=True)
+class UnitUsage:
+    """What one unit did: the batch size of each of its steps and the memory left unused then."""
+
+    name: str
+    batches: tuple[int, ...]
+    unused_bytes: tuple[int, ...]  # budget minus the need while that step ran (Table III)
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """The replay of a program: its cost, time and peak memory, per step and per unit."""
+
+    batch: int
+    budget_bytes: int
+    slot_bytes: int
+    usable_bytes: int        # budget rounded down to whole slots
+    cost: float              # total objective
+    time_total: float        # total seconds
+    peak_bytes: int          # exact
+    peak_slot_bytes: int     # peak rounded up to whole slots
+    step_need_bytes: tuple[int, ...]
+    units: tuple[UnitUsage, ...] = field(default_factory=tuple)
+
+    @property
+    def time_per_sample(self) -> float:
+        return self.time_total / self.batch
+
+    def usage(self, name: str) -> UnitUsage:
+        for u in self.units:
+            if u.name == name:
+                return u
+        raise KeyError(name)
+
+
+@dataclass
+class _Frame:
+    """One active chain: samples waiting at its boundaries, and the block phase it has open."""
+
+    chain: Chain
+    counts: list[int]
+    target: int                   # samples this chain must move to its output
+    open_pos: int = -1            # position of the block whose phase is open, -1 for none
+    open_samples: int = 0
+    open_branch: int = 0
+
+    def held(self) -> int:
+        total = sum(c * s for c, s in zip(self.counts, self.chain.sizes))
+        if self.open_pos >= 0:  # the join buffer of the open phase
+            total += self.chain.sizes[self.open_pos + 1] * self.open_samples
+        return total
+
+
+def _as_steps(program: Program | Iterable[Step] | list) -> tuple[Step, ...]:
+    if isinstance(program, Program):
+        return program.steps
+    if isinstance(program, list) and program and isinstance(program[0], dict):
+        return Program.from_json(program).steps
+    return tuple(program)
+
+
+def simulate(model: Profile | Instance, program: Program | Iterable[Step], batch: int,
+             budget_bytes: int, *, slot_bytes: int = 1, objective: str = "time") -> Simulation:
+    """Replay ``program`` on ``batch`` samples within ``budget_bytes``; raise if it is invalid."""
+    inst = model if isinstance(model, Instance) else build_instance(model, objective)
+    check_slot_bytes(slot_bytes)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise UsageError(f"request size must be a whole number >= 1, got {batch!r}")
+    if batch > inst.batch_max:
+        raise UsageError(f"request size {batch} is larger than the profile's batch_max {inst.batch_max}")
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
+        raise UsageError(f"memory budget must be a whole number of bytes >= 0, got {budget_bytes!r}")
+    usable = budget_bytes // slot_bytes * slot_bytes
+    steps = _as_steps(program)
+
+    root = inst.root
+    stack = [_Frame(root, [batch] + [0] * root.n, batch)]
+    costs: list[float] = []
+    times: list[float] = []
+    needs: list[int] = []
+    per_unit: dict[str, tuple[list[int], list[int]]] = {n: ([], []) for n in inst.unit_names}
+
+    def where(i: int, step: Step) -> str:
+        return f"step {i} ({step.unit!r} x {step.samples})"
+
+    for i, step in enumerate(steps):
+        if step.unit not in inst.locate:
+            raise InvalidProgramError(f"{where(i, step)}: no unit of that name in the profile")
+        if isinstance(step.samples, bool) or not isinstance(step.samples, int) or step.samples < 1:
+            raise InvalidProgramError(f"{where(i, step)}: samples must be a whole number >= 1")
+        cid, pos = inst.locate[step.unit]
+        top = stack[-1]
+        if cid != top.chain.cid:
+            raise InvalidProgramError(f"{where(i, step)}: {_out_of_order(inst, stack, cid)}")
+        unit = top.chain.units[pos]
+        c = step.samples
+        waiting = top.counts[pos]
+        if c > waiting:
+            raise InvalidProgramError(f"{where(i, step)}: only {waiting} samples wait at the input "
+                                      f"of {unit.name!r}")
+        held = sum(f.held() for f in stack)
+        extra = top.chain.sizes[pos + 1] * c + (0 if unit.is_block else unit.ws_at(c))
+        need = held + extra
+        if need > usable:
+            rounded = f" ({budget_bytes} rounded down to slots of {slot_bytes})" if usable != budget_bytes else ""
+            raise InvalidProgramError(f"{where(i, step)}: needs {need} bytes but the budget allows "
+                                      f"{usable}{rounded}; {need - usable} bytes over")
+        costs.append(unit.cost_at(c))
+        times.append(unit.time_at(c))
+        needs.append(need)
+        per_unit[unit.name][0].append(c)
+        per_unit[unit.name][1].append(budget_bytes - need)
+        if unit.is_block:
+            top.open_pos, top.open_samples, top.open_branch = pos, c, 0
+            _enter_branch(stack)
+        else:
+            top.counts[pos] -= c
+            top.counts[pos + 1] += c
+        _close_finished(stack)
+
+    if len(stack) > 1 or stack[0].counts[-1] != batch:
+        raise InvalidProgramError(f"the program ends with samples unprocessed: {_leftover(stack)}")
+    peak = max(needs, default=0)
+    return Simulation(
+        batch=batch, budget_bytes=budget_bytes, slot_bytes=slot_bytes, usable_bytes=usable,
+        cost=math.fsum(costs), time_total=math.fsum(times), peak_bytes=peak,
+        peak_slot_bytes=-(-peak // slot_bytes) * slot_bytes, step_need_bytes=tuple(needs),
+        units=tuple(UnitUsage(n, tuple(b), tuple(u)) for n, (b, u) in per_unit.items()))
+
+
+def _enter_branch(stack: list[_Frame]) -> None:
+    """Push the open phase's current branch, skipping empty ones (they have no steps)."""
+    top = stack[-1]
+    block = top.chain.units[top.open_pos]
+    while top.open_branch < len(block.branches) and block.branches[top.open_branch].n == 0:
+        top.open_branch += 1
+    if top.open_branch < len(block.branches):
+        branch = block.branches[top.open_branch]
+        stack.append(_Frame(branch, [top.open_samples] + [0] * branch.n, top.open_samples))
+
+
+def _close_finished(stack: list[_Frame]) -> None:
+    """Pop every finished branch; close a phase when its last branch is done."""
+    while True:
+        top = stack[-1]
+        if top.open_pos >= 0:
+            block = top.chain.units[top.open_pos]
+            if top.open_branch >= len(block.branches):  # every branch done: the phase closes
+                top.counts[top.open_pos] -= top.open_samples
+                top.counts[top.open_pos + 1] += top.open_samples
+                top.open_pos, top.open_samples, top.open_branch = -1, 0, 0
+                continue
+            return
+        if len(stack) > 1 and top.counts[-1] == top.target:  # a branch moved all its samples
+            stack.pop()
+            parent = stack[-1]
+            parent.open_branch += 1
+            _enter_branch(stack)
+            continue
+        return
+
+
+def _chain_label(inst: Instance, cid: int) -> str:
+    chain = inst.chains[cid]
+    if chain.parent is None:
+        return "the main chain"
+    pcid, pos, a = chain.parent
+    return f"branch {a} of block {inst.chains[pcid].units[pos].name!r}"
+
+
+def _out_of_order(inst: Instance, stack: list[_Frame], cid: int) -> str:
+    """Why a unit of chain ``cid`` cannot run now, in words."""
+    active = {f.chain.cid: f for f in stack}
+    top = stack[-1]
+    if cid in active:  # an enclosing chain: a phase is open below it
+        f = active[cid]
+        block = f.chain.units[f.open_pos]
+        return (f"block {block.name!r} has a phase of {f.open_samples} samples open; it must "
+                f"close first ({_chain_label(inst, top.chain.cid)} has "
+                f"{top.target - top.counts[-1]} samples still to process)")
+    # the unit is inside some block: find the block that encloses it
+    pcid, pos, a = inst.chains[cid].parent  # type: ignore[misc]
+    block = inst.chains[pcid].units[pos]
+    if pcid in active and active[pcid].open_pos == pos:
+        f = active[pcid]
+        if a < f.open_branch:
+            return (f"branch {a} of block {block.name!r} has already processed all "
+                    f"{f.open_samples} samples of this phase")
+        return (f"branches of block {block.name!r} run in order: branch {f.open_branch} has "
+                f"{top.target - top.counts[-1]} of {f.open_samples} samples still to process "
+                f"before branch {a} may start")
+    return (f"the unit is inside {_chain_label(inst, cid)}, which has no phase open; open one "
+            f"with a step {{'unit': {block.name!r}, 'samples': C}} first")
+
+
+def _leftover(stack: list[_Frame]) -> str:
+    parts = []
+    for f in stack:
+        for k, c in enumerate(f.counts[:-1]):
+            if c:
+                parts.append(f"{c} wait before {f.chain.units[k].name!r}")
+        if f.open_pos >= 0:
+            parts.append(f"block {f.chain.units[f.open_pos].name!r} has a phase of "
+                         f"{f.open_samples} open")
+        if len(stack) > 1 and f is stack[-1]:
+            parts.append(f"{f.target - f.counts[-1]} not yet through the current branch")
+    return "; ".join(parts) or "nothing reached the output"

@@ -1,0 +1,145 @@
+"""One entry point for every solver: ``solve(profile, batch, budget)`` -> Plan.
+
+Solvers: ``vbs`` (default; the paper's DP widened, see ``kernel``), ``paper`` (recurrences
+(1)-(3) with the branch collapse, faithfully), ``fbs`` and ``greedy`` (the paper's
+baselines). All four use the one model of memory of ``planner.solver.model`` and every plan's
+claimed cost and peak equal what ``planner.solver.simulate`` finds for its program.
+
+Slots. By default a slot is 1/``slot_count`` of the exact bytes the plan "every unit at
+batch B" needs (B = batch_max): the top of a plan table. A direct solve uses the same slot
+size as the table of the same profile, so ``solve`` and ``PlanTable.lookup`` agree.
+"""
+
+from __future__ import annotations
+
+from planner.errors import InfeasibleError, UsageError
+from planner.solver import baselines
+from planner.solver.dp import ChainTables, RawPlan
+from planner.solver.memory import check_slot_bytes, slots_down, slots_up
+from planner.solver.model import Chain, Instance, build_instance, check_batch
+from planner.solver.program import Plan, Program
+from planner.tree import Profile
+
+SOLVERS = ("vbs", "paper", "fbs", "greedy")
+DEFAULT_SLOT_COUNT = 512
+
+
+def all_at_batch_bytes(inst: Instance, b: int) -> int:
+    """Exact peak of the plan that runs every unit once at b samples (the unconstrained plan)."""
+    return baselines.uniform_peak(inst.root, b)
+
+
+def all_at_batch_slots(inst: Instance, b: int, slot_bytes: int) -> int:
+    """Slots the DP's accounting (every piece rounded up) gives the all-at-b plan."""
+    return baselines.uniform_slots(inst.root, b, slot_bytes)
+
+
+def default_slot_bytes(inst: Instance, slot_count: int = DEFAULT_SLOT_COUNT) -> int:
+    """Bytes per slot so that ``slot_count`` slots span the unconstrained plan at batch_max."""
+    if slot_count < 1:
+        raise UsageError(f"slot count must be >= 1, got {slot_count}")
+    return max(1, slots_up(all_at_batch_bytes(inst, inst.batch_max), slot_count))
+
+
+def table_slots(inst: Instance, slot_bytes: int) -> int:
+    """Top of a plan table in slots: where the all-at-batch_max plan fits in the DP's accounting."""
+    return all_at_batch_slots(inst, inst.batch_max, slot_bytes)
+
+
+def max_need_slots(inst: Instance, r: int, slot_bytes: int) -> int:
+    """An upper bound on the slots any DP schedule of r samples can need; more memory is useless.
+
+    In a chain each sample is held at one boundary, the running unit adds its outputs and
+    workspace (or, for a block, its join and its branches' own need), and each of at most
+    r+1 pieces is rounded up by less than one slot.
+    """
+    def bound(chain: Chain) -> int:
+        smax = max(chain.sizes, default=0)
+        inner = 0
+        for u in chain.units:
+            if u.is_block:
+                inner = max([inner] + [bound(br) for br in u.branches])
+            else:
+                inner = max(inner, slots_up(max(u.ws[:r]), slot_bytes))
+        return slots_up(2 * r * smax, slot_bytes) + r + 2 + inner
+    return bound(inst.root)
+
+
+def instance_of(model: Profile | Instance, objective: str) -> Instance:
+    if isinstance(model, Instance):
+        if model.objective != objective:
+            raise UsageError(f"instance was built for objective {model.objective!r}, not {objective!r}")
+        return model
+    return build_instance(model, objective)
+
+
+def plan_from_raw(inst: Instance, raw: RawPlan, *, solver: str, batch: int, budget: int,
+                  slot_bytes: int) -> Plan:
+    """A Plan from a DP read-out: the DP's value is the claimed cost."""
+    units = inst.global_units
+    pairs = [(units[g].name, int(c)) for g, c in zip(raw.units.tolist(), raw.samples.tolist())]
+    cost, time = baselines.program_costs(inst, pairs)
+    claimed = raw.cost
+    return Plan(solver=solver, objective=inst.objective, batch=batch, budget_bytes=budget,
+                slot_bytes=slot_bytes, program=Program.of(pairs), cost=claimed,
+                time_total=claimed if inst.objective == "time" else time, peak_bytes=raw.peak)
+
+
+def plan_from_pairs(inst: Instance, pairs: list[tuple[str, int]], *, solver: str, batch: int,
+                    budget: int, slot_bytes: int, peak: int) -> Plan:
+    cost, time = baselines.program_costs(inst, pairs)
+    return Plan(solver=solver, objective=inst.objective, batch=batch, budget_bytes=budget,
+                slot_bytes=slot_bytes, program=Program.of(pairs), cost=cost, time_total=time,
+                peak_bytes=peak)
+
+
+def solve(model: Profile | Instance, batch: int, budget_bytes: int, *, solver: str = "vbs",
+          objective: str = "time", slot_bytes: int | None = None,
+          slot_count: int = DEFAULT_SLOT_COUNT) -> Plan:
+    """The best plan of ``solver`` for ``batch`` samples within ``budget_bytes``.
+
+    Raises InfeasibleError (saying how many bytes are missing) when nothing fits.
+    """
+    if solver not in SOLVERS:
+        raise UsageError(f"unknown solver {solver!r}; use one of {', '.join(SOLVERS)}")
+    inst = instance_of(model, objective)
+    r = check_batch(inst, batch)
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
+        raise UsageError(f"memory budget must be a whole number of bytes >= 0, got {budget_bytes!r}")
+    slot = check_slot_bytes(slot_bytes) if slot_bytes is not None else default_slot_bytes(inst, slot_count)
+    m = slots_down(budget_bytes, slot)
+    usable = m * slot
+    if solver == "fbs":
+        c = baselines.fbs_batch(inst, r, m, slot)
+        if c == 0:
+            raise baselines.infeasible("fbs", r, budget_bytes, usable,
+                                       baselines.fbs_slots(inst, 1, r, slot) * slot)
+        return plan_from_pairs(inst, baselines.fbs_program(inst, c, r), solver=solver, batch=r,
+                               budget=budget_bytes, slot_bytes=slot, peak=baselines.fbs_peak(inst, c, r))
+    if solver == "greedy":
+        units = baselines.greedy_units(inst, r, slot)
+        choice = baselines.greedy_choice(units, m)
+        if choice is None:
+            least = max(gu.need_by_batch[0] for gu in units) * slot
+            raise baselines.infeasible("greedy", r, budget_bytes, usable, least)
+        return plan_from_pairs(inst, baselines.greedy_program(units, choice, r), solver=solver,
+                               batch=r, budget=budget_bytes, slot_bytes=slot,
+                               peak=baselines.greedy_peak(inst, choice, r))
+    cap = max_need_slots(inst, r, slot)
+    tables = ChainTables(inst, solver, slot, min(m, cap), batch=r)
+    raw = tables.plan(r, min(m, cap))
+    if raw is None:
+        raise _dp_infeasible(inst, solver, r, budget_bytes, slot, usable, cap)
+    return plan_from_raw(inst, raw, solver=solver, batch=r, budget=budget_bytes, slot_bytes=slot)
+
+
+def _dp_infeasible(inst: Instance, solver: str, r: int, budget: int, slot: int, usable: int,
+                   cap: int) -> InfeasibleError:
+    """Say how much memory the smallest plan of the DP needs (one more solve, up to the cap)."""
+    least = None
+    if cap < (1 << 16):
+        top = ChainTables(inst, solver, slot, cap, batch=r).top()[r]
+        finite = [m for m in range(cap + 1) if top[m] < float("inf")]
+        if finite:
+            least = finite[0] * slot
+    return baselines.infeasible(solver, r, budget, usable, least)

@@ -1,0 +1,110 @@
+"""Every solver against the exhaustive oracle, on thousands of tiny chains and trees.
+
+For each instance: oracle <= vbs <= paper; vbs is feasible wherever paper is; vbs is never
+worse than the baselines; every returned program is valid in the simulator, within the
+budget, and its claimed cost and peak equal the simulator's. Sizes are small integers and
+slots are 1 byte, so every comparison is exact.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner.errors import InfeasibleError
+from planner.solver.simulate import simulate
+from planner.solver.solve import solve
+from tests.planner.oracle import chain_profile, oracle, strategies
+
+small_chain, small_tree = strategies()
+SETTINGS = dict(derandomize=True, deadline=None, database=None, print_blob=True,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                       HealthCheck.filter_too_much])
+TOL = 1e-9
+
+
+def checked(profile, r, budget, solver, slot=1):
+    """The solver's cost (inf when infeasible), after checking its plan in the simulator."""
+    try:
+        plan = solve(profile, r, budget, solver=solver, slot_bytes=slot)
+    except InfeasibleError:
+        return math.inf
+    sim = simulate(profile, plan.program, r, budget, slot_bytes=slot)
+    assert plan.cost == pytest.approx(sim.cost, rel=TOL, abs=TOL)
+    assert plan.time_total == pytest.approx(sim.time_total, rel=TOL, abs=TOL)
+    assert plan.peak_bytes == sim.peak_bytes <= budget // slot * slot
+    return plan.cost
+
+
+def check_against_oracle(profile, r, budget, slot=1):
+    """With slot > 1 the solvers round every piece up, so the oracle (exact bytes within the
+    budget rounded down to slots) may only be better; the solvers still compare exactly."""
+    best, program = oracle(profile, r, budget // slot * slot)
+    if program is not None:  # the oracle's own schedule is valid and costs what it says
+        steps = [{"unit": u, "samples": c} for u, c in program]
+        assert simulate(profile, steps, r, budget).cost == pytest.approx(best)
+    vbs = checked(profile, r, budget, "vbs", slot)
+    paper = checked(profile, r, budget, "paper", slot)
+    fbs = checked(profile, r, budget, "fbs", slot)
+    greedy = checked(profile, r, budget, "greedy", slot)
+    assert best <= vbs + TOL
+    assert vbs <= paper + TOL, "vbs must never be worse than the paper's DP"
+    assert vbs <= fbs + TOL and vbs <= greedy + TOL, "vbs must never be worse than a baseline"
+    if paper < math.inf:
+        assert vbs < math.inf
+    if best == math.inf:
+        assert vbs == paper == fbs == greedy == math.inf
+    return best, vbs, paper
+
+
+@settings(max_examples=2500, **SETTINGS)
+@given(small_chain())
+def test_chains_against_the_oracle(case):
+    check_against_oracle(*case)
+
+
+@settings(max_examples=300, **SETTINGS)
+@given(small_chain(max_units=3, max_batch=8, max_size=4, max_ws=8))
+def test_longer_requests_against_the_oracle(case):
+    check_against_oracle(*case)
+
+
+@settings(max_examples=600, **SETTINGS)
+@given(small_tree())
+def test_trees_with_blocks_against_the_oracle(case):
+    check_against_oracle(*case)
+
+
+@settings(max_examples=400, **SETTINGS)
+@given(st.one_of(small_chain(), small_tree()), st.integers(2, 3))
+def test_coarse_slots_stay_within_budget_and_ordered(case, slot):
+    profile, r, budget = case
+    check_against_oracle(profile, r, budget, slot)
+
+
+def test_paper_misses_a_faster_schedule_that_vbs_finds():
+    # the paper's phases need one layer at the full phase batch; splitting between any two
+    # layers finds L0 1, L1 1, L0 1, L1 1, L2 2 (or as good)
+    p = chain_profile([(1, 3, [5, 1], [3, 1]), (3, 0, [5, 7], [0, 2]), (0, 2, [1, 6], [4, 1])],
+                      batch_max=2)
+    best, vbs, paper = check_against_oracle(p, 2, 8)
+    assert best == vbs == 22 and paper == 26
+
+
+def test_paper_finds_nothing_where_vbs_finds_the_optimum():
+    p = chain_profile([(2, 1, [9, 1, 7], [3, 1, 3]), (1, 2, [5, 1, 6], [4, 4, 4]),
+                       (2, 1, [2, 8, 3], [2, 2, 0])], batch_max=3)
+    best, vbs, paper = check_against_oracle(p, 3, 9)
+    assert best == vbs == 31 and paper == math.inf
+
+
+def test_carry_phases_reach_the_optimum_splits_miss():
+    # found by the oracle: L2 3, L3 2, L2 1, L3 2 leaves one sample between L2 and L3
+    p = chain_profile([(2, 2, [2, 1, 10, 7, 5], [1, 3, 2, 1, 3]), (2, 1, [10, 9, 8, 2, 9], [0, 4, 0, 2, 2]),
+                       (1, 3, [4, 9, 4, 3, 5], [2, 3, 1, 2, 0]), (3, 2, [1, 1, 9, 3, 3], [0, 0, 3, 1, 4])],
+                      batch_max=5)
+    best, vbs, paper = check_against_oracle(p, 4, 15)
+    assert best == vbs == 14 and paper > 14

@@ -1,0 +1,88 @@
+"""Run a Program on real tensors: every unit at the batch size the plan gives it.
+
+The executor is the walk of ``workers.walk`` on the ``TorchBackend``: sub-batches are views of
+the chunks a boundary holds, samples spread over several chunks are gathered into one buffer
+slice by slice (never a torch.cat), joins are built in place (cat into channel slices, add by
+accumulation, mul with the fork), and every buffer is dropped as soon as the walk frees it.
+Runs under ``torch.inference_mode``; CPU and CUDA; float32, float16, bfloat16.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from planner.errors import ExecutionError, OutOfMemoryError
+from planner.graph.capture import Capture
+from planner.solver.program import Step
+from planner.tree import Layer, Node, Parallel
+from workers.walk import walk
+
+
+class TorchBackend:
+    """The walk's actions on tensors, with the units and joins of one capture."""
+
+    def __init__(self, capture: Capture, like: torch.Tensor) -> None:
+        self.capture = capture
+        self.like = like  # dtype and device of every buffer
+
+    def run(self, unit: Layer, x: torch.Tensor, samples: int) -> torch.Tensor:
+        return self.capture.units[unit.name].module(x)
+
+    def view(self, chunk: torch.Tensor, start: int, samples: int) -> torch.Tensor:
+        if start == 0 and samples == chunk.shape[0]:
+            return chunk
+        return chunk.narrow(0, start, samples)
+
+    def gather(self, producer: Node, samples: int) -> torch.Tensor:
+        if isinstance(producer, Parallel):
+            return self.capture.joins[producer.name].empty(self.like, samples)
+        return self.capture.units[producer.name].empty(self.like, samples)
+
+    def copy(self, dst: torch.Tensor, dst_start: int, src: torch.Tensor, src_start: int,
+             samples: int) -> None:
+        dst.narrow(0, dst_start, samples).copy_(src.narrow(0, src_start, samples))
+
+    def open_join(self, block: Parallel, fork: torch.Tensor, samples: int) -> torch.Tensor:
+        return self.capture.joins[block.name].empty(fork, samples)
+
+    def fold(self, block: Parallel, join: torch.Tensor, start: int, fork: torch.Tensor,
+             y: torch.Tensor | None, branch: int, samples: int) -> None:
+        out = join.narrow(0, start, samples)
+        self.capture.joins[block.name].fold(out, fork.narrow(0, start, samples), y, branch,
+                                            first=(branch == 0))
+
+    def free(self, buffer: torch.Tensor) -> None:
+        # Nothing to do: the walk drops its last reference, and torch frees the storage.
+        return None
+
+    def borrow(self, fork: torch.Tensor) -> torch.Tensor:
+        return fork
+
+    def split(self, producer: Node, chunk: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+        pieces, start = [], 0
+        for n in sizes:
+            piece = self.gather(producer, n)
+            piece.copy_(chunk.narrow(0, start, n))
+            pieces.append(piece)
+            start += n
+        return pieces
+
+
+def execute(capture: Capture, steps: Iterable[Step], x: torch.Tensor,
+            splits: dict[int, list[int]] | None = None) -> torch.Tensor:
+    """Run ``steps`` on the request ``x``; the result equals ``model(x)``.
+
+    torch's out-of-memory error becomes OutOfMemoryError (the worker steps down and
+    retries); any other failure of a unit becomes an ExecutionError naming the model.
+    """
+    try:
+        with torch.inference_mode():
+            return walk(TorchBackend(capture, x), capture.tree, steps, x, x.shape[0], splits)
+    except torch.OutOfMemoryError as exc:
+        raise OutOfMemoryError(f"out of memory running a plan of {capture.model.spec.name!r} on "
+                               f"{x.shape[0]} samples: {str(exc).splitlines()[0]}") from exc
+    except RuntimeError as exc:
+        raise ExecutionError(f"running a plan of {capture.model.spec.name!r} failed: "
+                             f"{str(exc).splitlines()[0]}") from exc

@@ -1,0 +1,361 @@
+"""How the executor lays out memory while it runs a Program: one walk, two back ends.
+
+``walk`` replays a Program (planner.solver.simulate defines its meaning) and says, step by
+step, what to allocate, run, copy, fold and free. A back end carries it out:
+``workers.executor.TorchBackend`` on real tensors, ``MemoryAccount`` on byte counts. Because
+both follow the same walk, the account's peak is exactly what the executor allocates for
+activations, and it is known before anything runs (workers check it against the memory free
+now).
+
+Buffers. Every boundary holds *chunks*: the output of one step (a unit's output tensor, or a
+block's join buffer), or the request itself at the root input. A step takes its C input
+samples as a view of the oldest chunk when they lie inside it (no copy), or gathers them into
+a buffer of C samples written slice by slice (samples spread over several chunks). A chunk
+is freed as soon as all its samples have been taken and the step reading the last of them has
+finished, a gather buffer as soon as its step has finished. A parallel block's phase takes
+its fork (C samples) the same way, allocates its join buffer, and every branch's last unit
+folds its sub-batch into the join buffer in place; the join buffer is the block's output
+chunk when the phase closes.
+
+The difference from the solver's model of memory: the solver releases each sample's input
+as soon as its step finishes, while a view keeps its whole chunk alive until the chunk's
+last sample is taken, and a gather holds both copies for a moment. So the executor's peak
+can be above the plan's claimed peak; ``MemoryAccount`` computes it exactly, and workers
+pick the best plan whose executor peak fits.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+from planner.errors import InvalidProgramError
+from planner.solver.program import Step
+from planner.tree import Layer, Node, Parallel, Series
+
+H = TypeVar("H")  # a back end's handle on a buffer: a tensor, or a byte count
+
+
+class Backend(Protocol[H]):
+    """What the walk asks of a back end; every method is one action on buffers."""
+
+    def run(self, unit: Layer, x: H, samples: int) -> H:
+        """Run a unit on ``samples`` samples; returns its (newly allocated) output."""
+
+    def view(self, chunk: H, start: int, samples: int) -> H:
+        """Samples ``start..start+samples`` of a chunk, without copying."""
+
+    def gather(self, producer: Node, samples: int) -> H:
+        """A new buffer for ``samples`` samples of the boundary after ``producer``."""
+
+    def copy(self, dst: H, dst_start: int, src: H, src_start: int, samples: int) -> None:
+        """Copy samples from one buffer into another."""
+
+    def open_join(self, block: Parallel, fork: H, samples: int) -> H:
+        """A new join buffer for a phase of ``samples`` samples."""
+
+    def fold(self, block: Parallel, join: H, start: int, fork: H, y: H | None, branch: int,
+             samples: int) -> None:
+        """Fold a branch's sub-batch (``None``: the identity) into the join buffer."""
+
+    def free(self, buffer: H) -> None:
+        """Release a buffer (a chunk, a gather buffer or a unit's output)."""
+
+    def borrow(self, fork: H) -> H:
+        """The fork as a branch reads it: the same memory, owned by the phase."""
+
+    def split(self, producer: Node, chunk: H, sizes: list[int]) -> list[H]:
+        """Copy a chunk into one new buffer per size (the original is freed after)."""
+
+
+@dataclass
+class _Chunk(Generic[H]):
+    buffer: H
+    samples: int
+    taken: int = 0
+    owned: bool = True  # a branch's fork is owned by its phase, not by the branch
+    key: int | None = None  # the step that made it (None: the request or a borrowed fork)
+
+
+@dataclass
+class _Take(Generic[H]):
+    tensor: H
+    release: list[H] = field(default_factory=list)  # freed when the reading step finishes
+
+
+@dataclass
+class _Chain:
+    series: Series
+    boundaries: list[deque[_Chunk[Any]]]
+
+
+@dataclass
+class _Phase(Generic[H]):
+    block: Parallel
+    samples: int
+    fork: _Take[H]
+    join: H
+    branch: int = -1
+    chain: _Chain | None = None
+    folded: int = 0  # samples of the current branch folded so far
+    parent: _Chain | None = None
+    position: int = 0
+    key: int = 0  # the step that opened it
+
+
+class _Index:
+    """Where every named node sits: its series and its position there."""
+
+    def __init__(self, root: Series) -> None:
+        self.where: dict[str, tuple[Series, int]] = {}
+        self.nodes: dict[str, Node] = {}
+        self._add(root)
+
+    def _add(self, series: Series) -> None:
+        for i, child in enumerate(series.children):
+            self.where[child.name] = (series, i)
+            self.nodes[child.name] = child
+            if isinstance(child, Parallel):
+                for branch in child.branches:
+                    self._add(branch)
+
+
+def _new_chain(series: Series) -> _Chain:
+    return _Chain(series, [deque() for _ in range(len(series.children) + 1)])
+
+
+def _take(backend: Backend[H], chain: _Chain, position: int, samples: int,
+          seen: dict[int, list[int | None]] | None = None) -> _Take[H]:
+    """The next ``samples`` samples waiting at a boundary: a view, or a gather.
+
+    ``seen`` records, per chunk, the size of every view taken from it (None for a gather).
+    """
+    queue = chain.boundaries[position]
+    if sum(c.samples - c.taken for c in queue) < samples:
+        raise InvalidProgramError(f"{chain.series.name}: a step wants {samples} samples at boundary "
+                                  f"{position} but fewer are waiting")
+    head = queue[0]
+    if head.samples - head.taken >= samples:
+        if seen is not None and head.key is not None:
+            seen.setdefault(head.key, []).append(samples)
+        view = backend.view(head.buffer, head.taken, samples)
+        head.taken += samples
+        release = []
+        if head.taken == head.samples:
+            queue.popleft()
+            if head.owned:
+                release.append(head.buffer)
+        return _Take(view, release)
+    producer = chain.series.children[position - 1]
+    buffer = backend.gather(producer, samples)
+    filled = 0
+    while filled < samples:
+        head = queue[0]
+        if seen is not None and head.key is not None:
+            seen.setdefault(head.key, []).append(None)
+        n = min(samples - filled, head.samples - head.taken)
+        backend.copy(buffer, filled, head.buffer, head.taken, n)
+        head.taken += n
+        filled += n
+        if head.taken == head.samples:
+            queue.popleft()
+            if head.owned:
+                backend.free(head.buffer)  # its samples now live in the gather buffer
+    return _Take(buffer, [buffer])
+
+
+def _finish(backend: Backend[H], take: _Take[H]) -> None:
+    for buffer in take.release:
+        backend.free(buffer)
+    take.release.clear()
+    take.tensor = None  # type: ignore[assignment]  # drop the view: it pins its chunk
+
+
+def walk(backend: Backend[H], root: Series, steps: Iterable[Step], x: H, samples: int,
+         splits: dict[int, list[int]] | None = None,
+         seen: dict[int, list[int | None]] | None = None) -> H:
+    """Run a program on a request ``x`` of ``samples`` samples; returns the output buffer.
+
+    ``splits`` maps a step to the sizes its output chunk is copied into right away (so each
+    piece is freed when its own reader finishes, instead of the chunk living until its last
+    sample is read); ``seen`` collects how every chunk is read (see ``plan_splits``).
+    """
+    splits = splits or {}
+    index = _Index(root)
+    top = _new_chain(root)
+    top.boundaries[0].append(_Chunk(x, samples, owned=False))  # the request belongs to its caller
+    phases: list[_Phase[H]] = []
+
+    def current() -> _Chain:
+        return phases[-1].chain if phases else top  # type: ignore[return-value]
+
+    def deliver(chain: _Chain, position: int, out: H, n: int, node: Node, key: int) -> None:
+        """Put a step's output where it goes: the next boundary, or the open join."""
+        if position + 1 < len(chain.series.children) or not phases or chain is top:
+            queue = chain.boundaries[position + 1]
+            sizes = splits.get(key)
+            if sizes:
+                for piece, size in zip(backend.split(node, out, sizes), sizes):
+                    queue.append(_Chunk(piece, size))
+                backend.free(out)
+            else:
+                queue.append(_Chunk(out, n, key=key))
+            return
+        phase = phases[-1]
+        backend.fold(phase.block, phase.join, phase.folded, phase.fork.tensor, out, phase.branch, n)
+        phase.folded += n
+        backend.free(out)
+
+    def advance() -> None:
+        """Move on to the next branch when this one is done; close finished phases."""
+        while phases:
+            phase = phases[-1]
+            if phase.branch >= 0 and phase.folded < phase.samples:
+                return
+            phase.branch += 1
+            phase.folded = 0
+            if phase.branch < len(phase.block.branches):
+                branch = phase.block.branches[phase.branch]
+                if branch.children:
+                    phase.chain = _new_chain(branch)
+                    phase.chain.boundaries[0].append(
+                        _Chunk(backend.borrow(phase.fork.tensor), phase.samples, owned=False))
+                    return
+                backend.fold(phase.block, phase.join, 0, phase.fork.tensor, None, phase.branch,
+                             phase.samples)
+                phase.folded = phase.samples
+                continue
+            phases.pop()
+            _finish(backend, phase.fork)
+            assert phase.parent is not None
+            deliver(phase.parent, phase.position, phase.join, phase.samples, phase.block, phase.key)
+
+    def do_step(k: int, step: Step) -> None:
+        # One function per step, so that its tensors are unreferenced when it returns: a
+        # buffer the walk frees must not be kept alive by a local variable.
+        node = index.nodes.get(step.unit)
+        if node is None:
+            raise InvalidProgramError(f"step {k}: unknown unit {step.unit!r}")
+        chain = current()
+        series, position = index.where[step.unit]
+        if series is not chain.series:
+            raise InvalidProgramError(f"step {k}: {step.unit!r} is not in {chain.series.name!r}, "
+                                      "the series running now")
+        if step.samples < 1:
+            raise InvalidProgramError(f"step {k}: {step.unit!r} on {step.samples} samples")
+        take = _take(backend, chain, position, step.samples, seen)
+        if isinstance(node, Layer):
+            out = backend.run(node, take.tensor, step.samples)
+            _finish(backend, take)
+            deliver(chain, position, out, step.samples, node, k)
+        else:
+            assert isinstance(node, Parallel)
+            join = backend.open_join(node, take.tensor, step.samples)
+            phases.append(_Phase(node, step.samples, take, join, parent=chain, position=position,
+                                 key=k))
+
+    for k, step in enumerate(steps):
+        do_step(k, step)
+        advance()  # after do_step returned: its locals no longer pin what it freed
+    if phases:
+        raise InvalidProgramError(f"the program ends inside block {phases[-1].block.name!r}")
+    final = top.boundaries[-1]
+    waiting = [c for queue in top.boundaries[:-1] for c in queue if c.samples > c.taken]
+    if waiting or sum(c.samples for c in final) != samples:
+        raise InvalidProgramError("the program does not bring every sample to the output")
+    if len(final) == 1:
+        return final.popleft().buffer
+    return _take(backend, top, len(top.boundaries) - 1, samples).tensor
+
+
+@dataclass
+class MemoryAccount:
+    """A back end on byte counts: the executor's peak activation memory for a program.
+
+    ``ws[name][c-1]`` is the workspace of a unit at batch c.
+    """
+
+    ws: dict[str, tuple[int, ...]]
+    live: int = 0
+    peak: int = 0
+
+    def _alloc(self, n: int) -> int:
+        self.live += n
+        self.peak = max(self.peak, self.live)
+        return n
+
+    def run(self, unit: Layer, x: int, samples: int) -> int:
+        out = unit.out_bytes * samples
+        self.peak = max(self.peak, self.live + self.ws[unit.name][samples - 1] + out)
+        return self._alloc(out)
+
+    def view(self, chunk: int, start: int, samples: int) -> int:
+        return 0
+
+    def gather(self, producer: Node, samples: int) -> int:
+        return self._alloc(producer.out_bytes * samples)
+
+    def copy(self, dst: int, dst_start: int, src: int, src_start: int, samples: int) -> None:
+        return None
+
+    def open_join(self, block: Parallel, fork: int, samples: int) -> int:
+        return self._alloc(block.out_bytes * samples)
+
+    def fold(self, block: Parallel, join: int, start: int, fork: int, y: int | None, branch: int,
+             samples: int) -> None:
+        if y is not None and block.join not in ("cat", "add", "mul"):
+            # Other joins compute into a temporary before copying into the join buffer.
+            self.peak = max(self.peak, self.live + block.out_bytes * samples)
+
+    def free(self, buffer: int) -> None:
+        self.live -= buffer
+
+    def borrow(self, fork: int) -> int:
+        return 0
+
+    def split(self, producer: Node, chunk: int, sizes: list[int]) -> list[int]:
+        return [self._alloc(producer.out_bytes * n) for n in sizes]
+
+
+def executor_peak(root: Series, ws: dict[str, tuple[int, ...]], steps: Iterable[Step],
+                  samples: int, splits: dict[int, list[int]] | None = None,
+                  seen: dict[int, list[int | None]] | None = None) -> int:
+    """Peak bytes the executor allocates for activations running ``steps`` on ``samples``.
+
+    The request is not counted: it was allocated before the run (and before the memory
+    probe that chose the plan), and its caller holds it throughout.
+    """
+    account = MemoryAccount(ws)
+    walk(account, root, list(steps), 0, samples, splits, seen)
+    return account.peak
+
+
+@dataclass(frozen=True)
+class BufferPlan:
+    """How the executor runs a program: which outputs to split, and its peak."""
+
+    splits: dict[int, list[int]]
+    peak: int
+    peak_without_splits: int
+
+
+def plan_splits(root: Series, ws: dict[str, tuple[int, ...]], steps: Iterable[Step],
+                samples: int) -> BufferPlan:
+    """Choose the chunks worth splitting: those read in several views, where a split lowers
+    the peak (or leaves it) — greedily, in program order, keeping each split that helps."""
+    steps = list(steps)
+    seen: dict[int, list[int | None]] = {}
+    base = executor_peak(root, ws, steps, samples, seen=seen)
+    candidates = [(k, [n for n in sizes if n is not None]) for k, sizes in sorted(seen.items())
+                  if len(sizes) > 1 and None not in sizes]
+    chosen: dict[int, list[int]] = {}
+    best = base
+    for key, sizes in candidates:
+        trial = dict(chosen)
+        trial[key] = sizes  # type: ignore[assignment]
+        peak = executor_peak(root, ws, steps, samples, trial)
+        if peak <= best:
+            chosen, best = trial, peak
+    return BufferPlan(chosen, best, base)
