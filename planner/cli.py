@@ -63,7 +63,7 @@ def load_capture(args: argparse.Namespace, settings: Settings) -> Any:
         torch.set_num_threads(settings.threads)
     shape = parse_shape(args.input_shape) if args.input_shape else None
     spec = ModelSpec(name=args.model, input_shape=shape, dtype=settings.dtype,
-                     device=settings.device, weights=args.weights)
+                     device=settings.device, weights=Path(args.weights) if args.weights else None)
     return capture(load_model(spec))
 
 
@@ -131,7 +131,7 @@ def _extra_commands() -> list[Any]:
     import importlib
 
     adders = []
-    for module in ("planner.cli_solve", "service.cli"):
+    for module in ("planner.cli_solve", "planner.cli_plan", "workers.bench", "service.cli"):
         try:
             adders.append(importlib.import_module(module).add_parser)
         except ModuleNotFoundError as exc:

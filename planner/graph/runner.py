@@ -6,7 +6,9 @@ The executor (workers/) runs the same units and joins with a batch size per unit
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import contextlib
+from collections.abc import Callable
+from typing import Any, ContextManager
 
 import torch
 
@@ -14,44 +16,33 @@ from planner.graph.capture import Capture
 from planner.tree import Layer, Node, Parallel, Series
 
 
-class Recording(NamedTuple):
-    """What a reference pass saw: every unit's input, every join's fork and branch outputs."""
-
-    inputs: dict[str, torch.Tensor]
-    folds: dict[str, tuple[torch.Tensor, list[torch.Tensor | None]]]
+Around = Callable[[str], ContextManager[Any]]
 
 
-def run_node(capture: Capture, node: Node, x: torch.Tensor,
-             record: Recording | None = None) -> torch.Tensor:
-    """Run one node of the tree on all the samples of ``x`` at once."""
+def run_node(capture: Capture, node: Node, x: torch.Tensor, around: Around | None = None) -> torch.Tensor:
+    """Run one node of the tree on all the samples of ``x`` at once.
+
+    ``around(name)``, when given, wraps every unit run (named after the unit) and every fold
+    into a join (named after the block): the profiler times and measures them in place, in
+    a real pass through the network, so each unit sees what it sees when the model runs.
+    """
     if isinstance(node, Layer):
-        if record is not None:
-            # Units may work in place on their input: keep a copy of what they were given.
-            record.inputs[node.name] = x.clone()
-        return capture.units[node.name].module(x)
+        if around is None:
+            return capture.units[node.name].module(x)
+        with around(node.name):
+            return capture.units[node.name].module(x)
     if isinstance(node, Series):
         for child in node.children:
-            x = run_node(capture, child, x, record)
+            x = run_node(capture, child, x, around)
         return x
     join = capture.joins[node.name]
-    fork = x.clone() if record is not None else x
     out = join.empty(x, x.shape[0])
-    outputs: list[torch.Tensor | None] = []
     for i, branch in enumerate(node.branches):
-        y = run_node(capture, branch, x, record) if branch.children else None
-        outputs.append(y)
-        join.fold(out, x, y, i, first=(i == 0))
-    if record is not None:
-        record.folds[node.name] = (fork, outputs)
+        y = run_node(capture, branch, x, around) if branch.children else None
+        with (around(node.name) if around is not None else contextlib.nullcontext()):
+            join.fold(out, x, y, i, first=(i == 0))
+        del y
     return out
-
-
-def record_pass(capture: Capture, x: torch.Tensor) -> Recording:
-    """One reference pass that keeps the real input of every unit and join, for profiling."""
-    record = Recording({}, {})
-    with torch.inference_mode():
-        run_node(capture, capture.tree, x, record)
-    return record
 
 
 def run_reference(capture: Capture, x: torch.Tensor, batch: int | None = None) -> torch.Tensor:

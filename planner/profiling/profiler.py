@@ -1,9 +1,9 @@
 """Profile a captured model: time(u,b), in(u), out(u), ws(u,b) for every unit and b = 1..B.
 
-measure → discretise → solve are separate steps; this is the first. It runs one reference
-pass at batch B that keeps the real input of every unit and join, then times every unit
-and every join fold at every batch size of the grid, then measures workspaces, and returns
-a ``Profile`` (schema vbs.profile/1). Profiles are cached by a fingerprint of everything
+measure → discretise → solve are separate steps; this is the first. It runs the network
+unit by unit at every batch size of the grid, timing every unit and every join fold in
+place, then measures workspaces the same way, and returns a ``Profile`` (schema
+vbs.profile/1). Profiles are cached by a fingerprint of everything
 that changes the measurement (architecture, input shape, dtype, device, library versions,
 batch sizes, repeats), so profiling the same thing twice is a cache hit.
 """
@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import platform
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,9 +28,9 @@ from tqdm import tqdm
 
 from planner.errors import ProfileError, UsageError
 from planner.graph.capture import Capture
-from planner.graph.runner import Recording, record_pass
+from planner.graph.runner import run_node
 from planner.profiling.grid import batch_grid, fill_time, fill_workspace
-from planner.profiling.measure import cpu_peaks, cuda_peak, median_time
+from planner.profiling.measure import CudaPeaks, PassTimer, cpu_memory_regions
 from planner.tree import Layer, Node, Parallel, Profile, Series, iter_layers, iter_nodes, \
     load_profile, node_to_json, save_profile
 
@@ -95,62 +96,65 @@ def _fill(node: Node, times: dict[str, list[float]], ws: dict[str, list[int]]) -
 
 
 def measure(capture: Capture, options: ProfileOptions, progress: bool = True) -> Profile:
-    """Measure every unit and join of ``capture`` at every batch size of the grid."""
+    """Measure every unit and join of ``capture`` at every batch size of the grid.
+
+    Units are measured where they run: in passes through the whole network at batch b (the
+    reference runner), timing each unit and each fold in place, so every unit sees inputs
+    fresh from the unit before it and weights as cold as in a real run (timed alone and
+    repeated, a unit finds its weights in cache and looks faster than it is), and the
+    regions add up to the whole pass (see PassTimer). Passes go round-robin over the batch
+    sizes, so drift hits all of them alike.
+    """
     device = capture.model.device
     grid = batch_grid(options.batch_max, options.grid)
     started = time.perf_counter()
-    x = capture.model.example(options.batch_max, seed=0)
+    layers = list(iter_layers(capture.tree))
+    blocks = [n for n in iter_nodes(capture.tree) if isinstance(n, Parallel)]
+    inputs = {b: capture.model.example(b, seed=b) for b in grid}
+    timer = PassTimer(device)
+    samples: dict[str, dict[int, list[float]]] = {}
+    passes = (options.warmup + options.repeats) * len(grid)
+    bar = tqdm(total=passes + len(grid), desc=f"profiling {capture.model.spec.name}", unit="pass",
+               disable=not progress, leave=False)
     try:
-        rec: Recording = record_pass(capture, x)
+        with torch.inference_mode():
+            for k in range(options.warmup + options.repeats):
+                for b in grid:
+                    timer.start()
+                    run_node(capture, capture.tree, inputs[b], timer)
+                    for name, seconds in timer.results().items():
+                        if k >= options.warmup:
+                            samples.setdefault(name, {}).setdefault(b, []).append(seconds)
+                    bar.update()
+            peaks: dict[str, dict[int, int]] = {}
+            if device.type == "cuda":
+                for b in grid:
+                    cuda = CudaPeaks(device)
+                    run_node(capture, capture.tree, inputs[b], cuda)
+                    for name, peak in cuda.peaks.items():
+                        peaks.setdefault(name, {})[b] = peak
+                    bar.update()
+            else:
+                def body(region: Callable[[str], Any]) -> None:
+                    for b in grid:
+                        run_node(capture, capture.tree, inputs[b], lambda name: region(f"{name}|{b}"))
+                        bar.update()
+                for label, peak in cpu_memory_regions(body).items():
+                    name, b = label.rsplit("|", 1)
+                    peaks.setdefault(name, {})[int(b)] = peak
     except torch.OutOfMemoryError as exc:
         raise ProfileError(f"out of memory running batch {options.batch_max} on {device}: "
                            "profile with a smaller --batch-max") from exc
-    layers = list(iter_layers(capture.tree))
-    blocks = [n for n in iter_nodes(capture.tree) if isinstance(n, Parallel)]
-
-    def unit_job(name: str, b: int) -> tuple[Callable[[Any], Any], Callable[[], Any]]:
-        src = rec.inputs[name]
-        return capture.units[name].module, lambda: src[:b].clone()
-
-    def fold_job(name: str, b: int) -> tuple[Callable[[Any], Any], Callable[[], Any]]:
-        join = capture.joins[name]
-        fork, ys = rec.folds[name]
-
-        def run(out: torch.Tensor) -> torch.Tensor:
-            for i, y in enumerate(ys):
-                join.fold(out, fork[:b], None if y is None else y[:b], i, first=(i == 0))
-            return out
-        return run, lambda: join.empty(fork, b)
-
-    times: dict[str, dict[int, float]] = {}
-    peaks: dict[str, dict[int, int]] = {}
-    total = (len(layers) + len(blocks)) * len(grid)
-    bar = tqdm(total=total, desc="timing", unit="run", disable=not progress, leave=False)
-    for name, make in [(n.name, unit_job) for n in layers] + [(n.name, fold_job) for n in blocks]:
-        for b in grid:
-            run, prepare = make(name, b)
-            times.setdefault(name, {})[b] = median_time(run, prepare, device, options.warmup,
-                                                        options.repeats)
-            bar.update()
-    bar.close()
-    mbar = tqdm(total=len(layers) * len(grid), desc="memory", unit="run", disable=not progress,
-                leave=False)
-    jobs = [(f"{n.name}|{b}", *unit_job(n.name, b)) for n in layers for b in grid]
-    if device.type == "cuda":
-        for label, run, prepare in jobs:
-            name, b = label.rsplit("|", 1)
-            peaks.setdefault(name, {})[int(b)] = cuda_peak(run, prepare(), device)
-            mbar.update()
-    else:
-        for label, peak in cpu_peaks(jobs, mbar.update).items():
-            name, b = label.rsplit("|", 1)
-            peaks.setdefault(name, {})[int(b)] = peak
-    mbar.close()
-    del rec
+    finally:
+        bar.close()
+    times = {name: {b: statistics.median(ts) for b, ts in per.items()} for name, per in samples.items()}
+    for block in blocks:  # a block with only identity branches folds nothing timed
+        times.setdefault(block.name, {b: 0.0 for b in grid})
     out_bytes = {n.name: n.out_bytes for n in layers}
     # Workspace = what the unit needs at its peak beyond its own output (its input was held).
-    ws = {name: fill_workspace({b: max(0, p - out_bytes[name] * b) for b, p in per.items()},
-                               options.batch_max) for name, per in peaks.items()}
+    ws = {n.name: fill_workspace({b: max(0, p - out_bytes[n.name] * b)
+                                  for b, p in peaks.get(n.name, {b: 0 for b in grid}).items()},
+                                 options.batch_max) for n in layers}
     filled = {name: fill_time(per, options.batch_max) for name, per in times.items()}
     root = _fill(capture.tree, filled, ws)
     assert isinstance(root, Series)

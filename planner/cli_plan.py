@@ -1,0 +1,121 @@
+"""``vbs plan`` and ``vbs show``: tables into the store, and one plan beside the baselines.
+
+    vbs plan [--model [ALIAS=]NAME[@C,H,W] ...] --batch-max B [--store redis://...|DIR]
+             [--solver vbs] [--grid] [--replan]
+    vbs show --model NAME --memory 30MB --batch 12 [--store ...]
+
+``plan`` = profile (cached) + solve + publish, for every model (or VBS_MODELS): the one-shot
+job of docker compose and the Kubernetes planner Job. ``show`` prints the table's plan for a
+budget and request size with vbs, paper, greedy and fbs side by side, the gain, and per unit
+the batch sizes of its phases and the memory left unused (the paper's Table III).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from planner.errors import UsageError
+from planner.settings import Settings, split_model_entry
+
+
+def _specs(args: argparse.Namespace, settings: Settings) -> list[tuple[str, Any]]:
+    """(served name, ModelSpec) for every --model, else every VBS_MODELS entry."""
+    from planner.models import ModelSpec, parse_shape
+
+    entries = args.model or list(settings.models)
+    if not entries:
+        raise UsageError("no model given: pass --model NAME (or set VBS_MODELS)")
+    out = []
+    for entry in entries:
+        try:
+            served, name, shape = split_model_entry(entry)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+        if args.input_shape:
+            shape = parse_shape(args.input_shape)
+        weights = Path(args.weights) if args.weights else None
+        out.append((served, ModelSpec(name=name, input_shape=shape, dtype=settings.dtype,
+                                      device=settings.device, weights=weights)))
+    return out
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from planner.cli import settings_from
+    from planner.pipeline import prepare
+    from planner.store import open_store
+
+    settings = settings_from(args)
+    store = open_store(settings.store_location)
+    try:
+        for served, spec in _specs(args, settings):
+            prepared = prepare(spec, settings, store, batch_max=args.batch_max, solver=args.solver,
+                               grid=args.grid, replan=args.replan, progress=not args.quiet)
+            table = prepared.table
+            how = "solved and published" if prepared.published else "already in the store"
+            print(f"{served}: table {prepared.fingerprint} ({table.solver}, r = 1..{table.batch_max}, "
+                  f"{len(table.plans)} plans, slots of {table.slot_bytes} B) {how} at "
+                  f"{settings.store_location}")
+    finally:
+        store.close()
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from planner.cli import settings_from
+    from planner.errors import InfeasibleError
+    from planner.pipeline import prepare
+    from planner.solver.compare import compare, render
+    from planner.solver.memory import parse_bytes
+    from planner.store import open_store
+
+    settings = settings_from(args)
+    budget = parse_bytes(args.memory)
+    [(served, spec)] = _specs(args, settings)[:1]
+    store = open_store(settings.store_location)
+    try:
+        prepared = prepare(spec, settings, store, batch_max=max(args.batch_max or settings.batch_max,
+                                                                args.batch),
+                           solver=args.solver, progress=not args.quiet)
+    finally:
+        store.close()
+    table = prepared.table
+    plans = {}
+    try:
+        plans[table.solver] = table.lookup(args.batch, budget)
+    except InfeasibleError:
+        pass
+    result = compare(prepared.profile, args.batch, budget, slot_bytes=table.slot_bytes, plans=plans)
+    print(render(result, title=served))
+    return 0
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", action="append",
+                   help="[ALIAS=]NAME[@C,H,W]; repeat for several (default: VBS_MODELS)")
+    p.add_argument("--input-shape", help="per-sample input shape for every model, C,H,W or C,T,H,W")
+    p.add_argument("--weights", help="a state_dict file, loaded with weights_only=True")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--device", choices=["cpu", "cuda"])
+    p.add_argument("--store", help="redis://[:password@]host:port/db or a directory (default: VBS_STORE)")
+    p.add_argument("--solver", choices=["vbs", "paper", "fbs", "greedy"], default="vbs")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def add_parser(sub: Any) -> None:
+    from planner.cli import _positive
+
+    p = sub.add_parser("plan", help="profile (cached), solve and publish plan tables")
+    _common(p)
+    p.add_argument("--batch-max", type=_positive, help="largest request size (default: VBS_BATCH_MAX)")
+    p.add_argument("--grid", action="store_true", help="profile a grid of batch sizes and interpolate")
+    p.add_argument("--replan", action="store_true", help="solve again even if the store has the table")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("show", help="one plan beside paper, greedy and fbs, per unit (Table III)")
+    _common(p)
+    p.add_argument("--memory", required=True, help="budget: bytes or 30MB, 1.5GiB, ...")
+    p.add_argument("--batch", type=_positive, required=True, help="request size")
+    p.add_argument("--batch-max", type=_positive, help="largest request size of the table")
+    p.set_defaults(func=cmd_show)
