@@ -38,12 +38,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", type=Path, help="a state_dict file, loaded with weights_only=True")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], help="default: VBS_DTYPE or float32")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: VBS_DEVICE or cpu")
+    p.add_argument("--cache-dir", help="where profiles are cached (default: VBS_CACHE_DIR)")
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
     """Settings from the environment, overridden by the flags that were given."""
     overrides: dict[str, Any] = {}
-    for field in ("dtype", "device", "store", "batch_max"):
+    for field in ("dtype", "device", "store", "batch_max", "cache_dir"):
         value = getattr(args, field, None)
         if value is not None:
             overrides[field] = value

@@ -98,6 +98,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", help="a state_dict file, loaded with weights_only=True")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--device", choices=["cpu", "cuda"])
+    p.add_argument("--cache-dir", help="where profiles are cached (default: VBS_CACHE_DIR)")
     p.add_argument("--store", help="redis://[:password@]host:port/db or a directory (default: VBS_STORE)")
     p.add_argument("--solver", choices=["vbs", "paper", "fbs", "greedy"], default="vbs")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -1,0 +1,46 @@
+"""`vbs bench`: the JSON contract of DESIGN.md, plots and files, budgets respected."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.cli import main
+from planner.errors import UsageError
+from workers.bench import parse_budgets
+
+KEYS = {"model", "strategy", "memory_budget", "batch", "time_per_sample_measured",
+        "time_per_sample_predicted", "peak_bytes_measured", "peak_bytes_predicted",
+        "max_abs_error", "feasible"}
+
+
+def test_bench_json_rows_and_outputs(tmp_path, capsys) -> None:
+    argv = ["bench", "--model", "squeezenet1_0", "--input-shape", "3,32,32", "--batch", "3",
+            "--memory", "auto:3", "--repeat", "2", "--json", "--out", str(tmp_path / "out"),
+            "--cache-dir", str(tmp_path / "cache")]
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["strategy"] for r in rows} == {"vbs", "paper", "greedy", "fbs"}
+    assert len(rows) == 3 * 4
+    for row in rows:
+        assert KEYS <= set(row)
+        if row["feasible"]:
+            assert row["peak_bytes_measured"] <= row["memory_budget"]
+            assert row["peak_bytes_measured"] == row["peak_bytes_predicted"]  # CPU: to the byte
+            assert row["max_abs_error"] < 1e-3
+            assert row["time_per_sample_measured"] > 0
+    top = [r for r in rows if r["memory_budget"] == max(x["memory_budget"] for x in rows)]
+    assert all(r["feasible"] for r in top)
+    files = {p.name for p in (tmp_path / "out").iterdir()}
+    assert {"squeezenet1_0.json", "squeezenet1_0.csv", "squeezenet1_0-time-vs-memory.png",
+            "squeezenet1_0-batch-per-unit.png"} <= files
+
+
+def test_budget_specs() -> None:
+    assert parse_budgets("1MB:3MB:1MB", 0, 0) == [1_000_000, 2_000_000, 3_000_000]
+    assert parse_budgets("10KiB,20KiB", 0, 0) == [10240, 20480]
+    assert parse_budgets("auto:3", 100, 300) == [100, 200, 300]
+    for bad in ("1MB:2MB", "3MB:1MB:1MB", "auto:1"):
+        with pytest.raises(UsageError):
+            parse_budgets(bad, 0, 10)
