@@ -68,3 +68,33 @@ def two_layer() -> nn.Module:
 
 def raises() -> nn.Module:
     raise RuntimeError("no checkpoint here")
+
+
+# How many samples the device of ``OutOfMemoryAbove`` holds; a test lowers it after planning,
+# as when another process takes memory between the probe and the run.
+DEVICE_CAPACITY = {"samples": 1 << 30}
+
+
+@torch.fx.wrap
+def device_capacity(x: torch.Tensor) -> torch.Tensor:
+    """Stands for a device that runs out of memory above DEVICE_CAPACITY samples at once."""
+    most = DEVICE_CAPACITY["samples"]
+    if x.shape[0] > most:
+        raise torch.OutOfMemoryError(f"tried {x.shape[0]} samples, the device holds {most}")
+    return x
+
+
+class OutOfMemoryAbove(nn.Module):
+    """Two convolutions; the second raises torch's out-of-memory error above the capacity."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.b = nn.Conv2d(8, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return device_capacity(self.b(torch.relu(self.a(x))))
+
+
+def out_of_memory_above() -> nn.Module:
+    return OutOfMemoryAbove()

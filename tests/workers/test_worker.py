@@ -1,0 +1,86 @@
+"""The worker: memory probe, plan choice, splitting, out-of-memory step-down, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from planner.errors import InfeasibleError
+from planner.graph.capture import capture
+from planner.models import ModelSpec, load_model
+from planner.profiling.profiler import ProfileOptions, measure
+from planner.solver.table import build_table
+from workers.memory import MemoryProbe, cgroup_free, cpu_free, parse_limit, parse_meminfo
+from workers.worker import Worker
+
+
+def _worker(name: str, shape: tuple[int, ...], batch_max: int = 4) -> Worker:
+    torch.manual_seed(0)
+    cap = capture(load_model(ModelSpec(name, input_shape=shape)))
+    profile = measure(cap, ProfileOptions(batch_max=batch_max, repeats=1, warmup=0), progress=False)
+    return Worker(cap, profile, build_table(profile, slot_count=64), MemoryProbe("cpu"))
+
+
+def test_cgroup_and_meminfo_parsing(tmp_path) -> None:
+    assert parse_limit("max\n") is None and parse_limit("1048576\n") == 1048576
+    assert parse_limit(str(2**63 - 4096)) is None  # cgroup v1's "no limit"
+    assert parse_meminfo("MemTotal: 100 kB\nMemAvailable:  2048 kB\n") == 2048 * 1024
+    (tmp_path / "memory.max").write_text("1000000\n")
+    (tmp_path / "memory.current").write_text("250000\n")
+    assert cgroup_free(tmp_path) == 750000
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("5000\n")
+    (v1 / "memory" / "memory.usage_in_bytes").write_text("1000\n")
+    assert cgroup_free(v1) == 4000
+    assert cgroup_free(tmp_path / "none") is None
+
+
+def test_probe_reads_this_machine_and_applies_limit_and_margin() -> None:
+    assert cpu_free() > 0
+    probe = MemoryProbe("cpu", limit=10_000_000, margin=1_000_000)
+    assert probe.free() == 9_000_000  # this machine has far more than 10 MB free
+    probe.limit = 500_000
+    assert probe.free() == 0
+
+
+def test_worker_steps_down_until_the_plan_fits() -> None:
+    worker = _worker("tests.planner.factories:two_layer", (3, 8, 8))
+    x = worker.capture.model.example(4)
+    with torch.inference_mode():
+        expected = worker.capture.model.module(x)
+    peaks = sorted({worker.buffers(p).peak for _, p in worker.table.plans_for(4)})
+    assert len(peaks) > 1
+    times = []
+    for free in peaks:
+        y, info = worker.infer(x, free=lambda: free)
+        torch.testing.assert_close(y, expected)
+        [choice] = info.choices
+        assert choice.peak_bytes <= free
+        times.append(choice.plan.time_total)
+    # More memory never picks a slower plan.
+    assert times == sorted(times, reverse=True)
+
+
+def test_a_single_sample_that_cannot_fit_says_what_is_missing() -> None:
+    worker = _worker("tests.planner.factories:two_layer", (3, 8, 8))
+    with pytest.raises(InfeasibleError, match=r"bytes more"):
+        worker.infer(worker.capture.model.example(2), free=lambda: 16)
+
+
+def test_out_of_memory_steps_down_and_the_batch_is_not_lost() -> None:
+    from tests.planner.factories import DEVICE_CAPACITY
+
+    worker = _worker("tests.planner.factories:out_of_memory_above", (3, 8, 8))
+    x = worker.capture.model.example(4)
+    with torch.inference_mode():
+        expected = worker.capture.model.module(x)
+    DEVICE_CAPACITY["samples"] = 3  # memory was taken after the table was planned
+    try:
+        y, info = worker.infer(x, free=lambda: 10**9)
+    finally:
+        DEVICE_CAPACITY["samples"] = 1 << 30
+    torch.testing.assert_close(y, expected)
+    assert info.oom_retries >= 1
+    assert worker.stats.oom_retries == info.oom_retries
+    assert all(s.samples <= 3 for c in info.choices for s in c.plan.program.steps if s.unit == "b")
