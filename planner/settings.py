@@ -19,7 +19,7 @@ def _default_cache() -> Path:
     return Path.home() / ".cache" / "vbs-serve"
 
 
-_SERVED_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$")
+_SERVED_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]{0,127}$")
 
 
 def split_model_entry(entry: str) -> tuple[str, str, tuple[int, ...] | None]:
@@ -40,7 +40,7 @@ def split_model_entry(entry: str) -> tuple[str, str, tuple[int, ...] | None]:
     served = alias or name
     if not _SERVED_NAME.match(served):
         raise ValueError(f"model {entry!r}: the served name {served!r} may hold letters, digits, "
-                         "'_', '.', '-' (64 at most); give a short alias: ALIAS=NAME")
+                         "'_', '.', ':', '-' (128 at most); give an alias: ALIAS=NAME")
     shape = None
     if at:
         parts = [p for p in re.split(r"[x,]", shape_text.replace(" ", "")) if p]
@@ -89,6 +89,9 @@ class Settings(BaseSettings):
         default_factory=list,
         description="models to serve, each [ALIAS=]NAME[@C,H,W]; VBS_MODELS takes them "
                     "comma-separated (a,b@3x64x64) or as a JSON list")
+    weights: Path | None = Field(
+        default=None, description="a state_dict file (read with weights_only=True) loaded into the "
+                                  "served model(s); default: random weights")
     solver: Literal["vbs", "paper", "fbs", "greedy"] = Field(
         default="vbs", description="solver of the tables the service asks the store for")
     api_key: SecretStr | None = Field(

@@ -114,8 +114,9 @@ def measure(capture: Capture, options: ProfileOptions, progress: bool = True) ->
     timer = PassTimer(device)
     samples: dict[str, dict[int, list[float]]] = {}
     passes = (options.warmup + options.repeats) * len(grid)
-    bar = tqdm(total=passes + len(grid), desc=f"profiling {capture.model.spec.name}", unit="pass",
-               disable=not progress, leave=False)
+    per_pass = len(layers)  # the bar counts unit runs: units x batch sizes x repeats
+    bar = tqdm(total=(passes + len(grid)) * per_pass, desc=f"profiling {capture.model.spec.name}",
+               unit="unit", disable=not progress, leave=False)
     try:
         with torch.inference_mode():
             for k in range(options.warmup + options.repeats):
@@ -125,7 +126,7 @@ def measure(capture: Capture, options: ProfileOptions, progress: bool = True) ->
                     for name, seconds in timer.results().items():
                         if k >= options.warmup:
                             samples.setdefault(name, {}).setdefault(b, []).append(seconds)
-                    bar.update()
+                    bar.update(per_pass)
             peaks: dict[str, dict[int, int]] = {}
             if device.type == "cuda":
                 for b in grid:
@@ -133,12 +134,12 @@ def measure(capture: Capture, options: ProfileOptions, progress: bool = True) ->
                     run_node(capture, capture.tree, inputs[b], cuda)
                     for name, peak in cuda.peaks.items():
                         peaks.setdefault(name, {})[b] = peak
-                    bar.update()
+                    bar.update(per_pass)
             else:
                 def body(region: Callable[[str], Any]) -> None:
                     for b in grid:
                         run_node(capture, capture.tree, inputs[b], lambda name: region(f"{name}|{b}"))
-                        bar.update()
+                        bar.update(per_pass)
                 for label, peak in cpu_memory_regions(body).items():
                     name, b = label.rsplit("|", 1)
                     peaks.setdefault(name, {})[int(b)] = peak

@@ -1,0 +1,136 @@
+"""``vbs serve`` (the HTTP service under uvicorn) and ``vbs loadtest`` (a local load test)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+from typing import Any
+
+from planner.errors import UsageError
+
+log = logging.getLogger("vbs.service")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value} must be > 0")
+    return value
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("serve", help="serve models over HTTP (POST /infer, OIP v2, GET /plan)",
+                       description="Serve models over HTTP; every batch runs the plan for the "
+                                   "memory free when it runs. Flags override VBS_* settings.")
+    p.add_argument("--model", action="append", metavar="[ALIAS=]NAME[@C,H,W]",
+                   help="a model to serve (repeat for several); default: VBS_MODELS")
+    p.add_argument("--input-shape", help="per-sample input shape for models given without @shape")
+    p.add_argument("--weights", help="a state_dict file loaded (weights_only) into the model(s)")
+    p.add_argument("--store", help="plan store: redis://host:port/db or a directory "
+                                   "(default: VBS_STORE, else <cache_dir>/store)")
+    p.add_argument("--host", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="listen port (default 8000)")
+    p.add_argument("--memory-limit", help="most memory a plan may use, e.g. 64MB (default: free)")
+    p.add_argument("--memory-margin", help="memory kept back from plans, e.g. 16MB")
+    p.add_argument("--batch-max", type=_positive, help="largest request size planned (default 16)")
+    p.add_argument("--device", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--solver", choices=["vbs", "paper", "fbs", "greedy"])
+    p.add_argument("--max-batch-delay-ms", type=float, help="longest wait to gather a batch")
+    p.add_argument("--latency-target", type=_seconds, help="gather only what a plan runs within "
+                                                           "this many seconds")
+    p.add_argument("--max-queue", type=_positive, help="waiting requests per model before 503")
+    p.add_argument("--request-timeout", type=_seconds, help="seconds before a request gets 504")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("loadtest", help="load-test a local vbs serve with concurrent clients",
+                       description="N concurrent clients for T seconds against a vbs serve on "
+                                   "this machine (loopback only).")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the service (loopback only)")
+    p.add_argument("--model", required=True, help="served model name")
+    p.add_argument("--clients", type=_positive, default=4, help="concurrent clients (<= 256)")
+    p.add_argument("--duration", type=_seconds, default=10.0, help="seconds (<= 600)")
+    p.add_argument("--samples", type=_positive, default=1, help="samples per request")
+    p.add_argument("--format", choices=["npy", "json"], default="npy", help="request encoding")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=cmd_loadtest)
+
+
+_FLAGS = {"store": "store", "weights": "weights", "host": "host", "port": "port", "memory_limit": "memory_limit_bytes",
+          "memory_margin": "memory_margin_bytes", "batch_max": "batch_max", "device": "device",
+          "dtype": "dtype", "solver": "solver", "max_batch_delay_ms": "max_batch_delay_ms",
+          "latency_target": "latency_target_s", "max_queue": "max_queue",
+          "request_timeout": "request_timeout_s"}
+
+
+def serve_settings(args: argparse.Namespace) -> Any:
+    """Settings from the environment, overridden by the flags given."""
+    from planner.settings import Settings
+
+    overrides: dict[str, Any] = {field: getattr(args, flag) for flag, field in _FLAGS.items()
+                                 if getattr(args, flag, None) is not None}
+    try:
+        if args.model:
+            overrides["models"] = list(args.model)
+        if args.input_shape:
+            models = overrides.get("models") or Settings(**overrides).models
+            overrides["models"] = [m if "@" in m else f"{m}@{args.input_shape}" for m in models]
+        settings = Settings(**overrides)
+    except ValueError as exc:
+        raise UsageError(f"invalid setting: {' '.join(str(exc).split())}") from exc
+    if not settings.models:
+        raise UsageError("no model to serve: give --model NAME (or set VBS_MODELS)")
+    return settings
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from planner.models import ModelSpec, load_model
+    from service.main import create_app
+
+    settings = serve_settings(args)
+    for served, name, shape in settings.served_models:  # fail fast on a model that cannot load
+        load_model(ModelSpec(name=name, input_shape=shape, dtype=settings.dtype,
+                             device=settings.device, weights=settings.weights))
+    logging.getLogger("vbs").setLevel(args.log_level.upper())
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=args.log_level.upper(),
+                            format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log.info("serving %s on http://%s:%d (store %s)", ", ".join(settings.models), settings.host,
+             settings.port, settings.store_location)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
+                log_level=args.log_level, timeout_graceful_shutdown=int(settings.request_timeout_s) + 5)
+    return 0
+
+
+def cmd_loadtest(args: argparse.Namespace) -> int:
+    from planner.settings import Settings
+    from service.loadtest import format_table, run_loadtest
+
+    try:
+        key = Settings().api_key
+    except ValueError as exc:
+        raise UsageError(f"invalid setting: {exc}") from exc
+    summary = asyncio.run(run_loadtest(
+        args.url, args.model, clients=args.clients, duration_s=args.duration,
+        samples=args.samples, fmt=args.format,
+        api_key=key.get_secret_value() if key is not None else None))
+    print(json.dumps(summary, indent=1) if args.json else format_table(summary))
+    return 0 if summary["ok"] else 1

@@ -1,0 +1,161 @@
+"""HTTP errors: the service's own branches of the one exception tree, and their status codes.
+
+Every error the service answers with is a JSON body ``{"error": "..."}`` that says what was
+wrong (naming the field: ``inputs[0].shape``, ``body``, ``top_k``) and what to do. The
+service's errors are subclasses of ``planner.errors`` classes, so the tree stays one tree::
+
+    UsageError (400)
+    ├── RequestError            400  the request body, a field or a parameter is not valid
+    │   ├── PayloadTooLargeError    413  body or samples over the limit
+    │   └── UnsupportedMediaError   415  a Content-Type the endpoint does not read
+    ├── ModelNotFoundError      404  no model served under that name
+    └── AuthError               401  missing or wrong API key
+    VbsError
+    ├── UnavailableError        503  not ready yet, queue full, shutting down (Retry-After)
+    └── RequestTimeoutError     504  queued and run longer than request_timeout_s
+
+Errors from the planner and the workers keep their meaning: InfeasibleError (no plan fits
+in the memory free now) and OutOfMemoryError are 503 with Retry-After (memory is the
+server's condition, not the client's input), StoreError 503, other ExecutionErrors and
+anything unexpected 500. No client input reaches a 5xx: decoding turns every bad input into
+a RequestError first.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from planner.errors import (ExecutionError, InfeasibleError, OutOfMemoryError, PlanError,
+                            StoreError, UsageError, VbsError)
+
+log = logging.getLogger("vbs.service")
+
+
+class RequestError(UsageError):
+    """A request body, field or parameter is not valid (400)."""
+
+    status = 400
+
+
+class PayloadTooLargeError(RequestError):
+    """The body or the number of samples is over the configured limit (413)."""
+
+    status = 413
+
+
+class UnsupportedMediaError(RequestError):
+    """The endpoint does not read this Content-Type (415)."""
+
+    status = 415
+
+
+class ModelNotFoundError(UsageError):
+    """No model is served under the name asked for (404)."""
+
+    status = 404
+
+
+class AuthError(UsageError):
+    """The API key is missing or wrong (401)."""
+
+    status = 401
+
+
+class UnavailableError(VbsError):
+    """The service cannot take the request now; retry after ``retry_after`` seconds (503)."""
+
+    status = 503
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class RequestTimeoutError(VbsError):
+    """The request was queued and run for longer than the configured timeout (504)."""
+
+    status = 504
+
+
+def field_error(field: str, problem: str, cls: type[RequestError] = RequestError) -> RequestError:
+    """The one wording of a bad field: ``<field>: <problem>``."""
+    return cls(f"{field}: {problem}")
+
+
+def status_of(exc: BaseException) -> int:
+    """The HTTP status an exception is answered with."""
+    status = getattr(exc, "status", None)
+    if isinstance(status, int):
+        return status
+    if isinstance(exc, (InfeasibleError, OutOfMemoryError, StoreError)):
+        return 503
+    if isinstance(exc, (UsageError, PlanError)):
+        return 400
+    return 500
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    status = status_of(exc)
+    headers: dict[str, str] = {}
+    if status == 503:
+        headers["Retry-After"] = str(getattr(exc, "retry_after", 1))
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    if status >= 500 and not isinstance(exc, VbsError):
+        message = f"internal error ({type(exc).__name__}): see the service log"
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+async def _vbs_error(request: Request, exc: Exception) -> JSONResponse:
+    if status_of(exc) >= 500:
+        log.warning("%s %s: %s", request.method, request.url.path, exc)
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    if exc.status_code == 404 and detail == "Not Found":
+        detail = f"no endpoint {request.method} {request.url.path}: see /docs for the API"
+    return JSONResponse({"error": detail}, status_code=exc.status_code,
+                        headers=getattr(exc, "headers", None))
+
+
+def _where(loc: tuple[object, ...]) -> str:
+    kinds = {"query": "query parameter", "path": "path parameter", "header": "header",
+             "body": "body"}
+    if loc and loc[0] in kinds:
+        rest = ".".join(str(p) for p in loc[1:])
+        return f"{kinds[str(loc[0])]} {rest}".strip()
+    return ".".join(str(p) for p in loc) or "request"
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    problems = [f"{_where(tuple(e.get('loc', ())))}: {e.get('msg', 'invalid')}"
+                for e in exc.errors()]
+    return JSONResponse({"error": "; ".join(problems) or "invalid request"}, status_code=400)
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+    return error_response(exc)
+
+
+def install(app: FastAPI) -> None:
+    """Answer every error with ``{"error": ...}`` and its status."""
+    app.add_exception_handler(VbsError, _vbs_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(Exception, _unexpected)
+
+
+__all__ = ["AuthError", "ExecutionError", "ModelNotFoundError", "PayloadTooLargeError",
+           "RequestError", "RequestTimeoutError", "UnavailableError", "UnsupportedMediaError",
+           "error_response", "field_error", "install", "status_of"]

@@ -1,0 +1,48 @@
+"""The HTTP app: ``create_app(settings)`` assembles routers, errors, metrics and the lifespan.
+
+Nothing else happens here. The lifespan starts the registry (models load in the background;
+``/v2/health/ready`` says when they are ready) and, on shutdown, drains every batcher so each
+accepted request is answered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from planner.settings import Settings
+from service import errors
+from service.metrics import Metrics, RequestMetricsMiddleware
+from service.registry import Registry
+from service.routers import health, inference, metrics, models, plans, v2
+
+DESCRIPTION = """CNN inference where every layer runs at its own batch size, with the plan
+for the memory free at the moment each batch runs. Errors are `{"error": "..."}` naming the
+field and the problem."""
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings if settings is not None else Settings()
+    registry_metrics = Metrics()
+    registry = Registry(settings, registry_metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await registry.start()
+        try:
+            yield
+        finally:
+            await registry.close()
+
+    app = FastAPI(title="vbs-serve", description=DESCRIPTION, version="0.1.0", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.metrics = registry_metrics
+    app.state.registry = registry
+    errors.install(app)
+    app.add_middleware(RequestMetricsMiddleware, metrics=registry_metrics)
+    for router in (inference.router, v2.router, plans.router, models.router, health.router,
+                   metrics.router):
+        app.include_router(router)
+    return app

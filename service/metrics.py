@@ -1,0 +1,109 @@
+"""Prometheus metrics of one app: a registry of its own, so apps (and tests) never share counts.
+
+Labels are bounded: ``model`` is a served model's name or ``"-"`` (never a name a client
+made up), ``endpoint`` one of a fixed set, ``status`` an HTTP status code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
+                               generate_latest)
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                   30.0, 60.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+ENDPOINTS = ("infer", "v2_infer", "plan", "models", "health", "metrics", "other")
+NO_MODEL = "-"
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]],
+                   Awaitable[None]]
+
+
+class Metrics:
+    """Every metric the service exports."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("vbs_requests", "HTTP requests answered, by model, endpoint and "
+                                "status", ["model", "endpoint", "status"], registry=r)
+        self.latency = Histogram("vbs_request_latency_seconds", "time from request to response",
+                                 ["model", "endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_time = Histogram("vbs_queue_time_seconds", "time a request waited before its "
+                                    "batch ran", ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.run_time = Histogram("vbs_batch_run_seconds", "time a batch ran on the worker",
+                                  ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("vbs_batch_size", "samples per batch run", ["model"],
+                                    buckets=BATCH_BUCKETS, registry=r)
+        self.samples = Counter("vbs_samples", "samples inferred", ["model"], registry=r)
+        self.free_memory = Gauge("vbs_free_memory_bytes", "memory free for activations when the "
+                                 "last plan was chosen", ["model"], registry=r)
+        self.plan_budget = Gauge("vbs_plan_budget_bytes", "budget (table breakpoint) of the last "
+                                 "plan used", ["model"], registry=r)
+        self.plan_peak = Gauge("vbs_plan_peak_bytes", "executor peak of the last plan used",
+                               ["model"], registry=r)
+        self.oom_retries = Counter("vbs_oom_retries", "batches retried with a smaller plan after "
+                                   "running out of memory", ["model"], registry=r)
+        self.splits = Counter("vbs_batch_splits", "batches split because no plan of their size "
+                              "fitted (or over batch_max)", ["model"], registry=r)
+        self.queue_depth = Gauge("vbs_queue_depth", "requests waiting", ["model"], registry=r)
+        self.rejected = Counter("vbs_rejected", "requests turned away before running", ["model",
+                                "reason"], registry=r)
+        self.table_reloads = Counter("vbs_table_reloads", "plan tables swapped in while serving",
+                                     ["model"], registry=r)
+        self.table_version = Gauge("vbs_table_version", "version of the table in use", ["model"],
+                                   registry=r)
+        self.store_errors = Counter("vbs_store_errors", "failures talking to the plan store "
+                                    "(serving goes on from the last table)", registry=r)
+        self.store_up = Gauge("vbs_store_up", "1 when the plan store watch is live", registry=r)
+        self.model_ready = Gauge("vbs_model_ready", "1 when a model and its table are loaded",
+                                 ["model"], registry=r)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def value(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """A sample's current value (0 when absent): for tests and the load test."""
+        found = self.registry.get_sample_value(name, labels or {})
+        return float(found) if found is not None else 0.0
+
+
+class RequestMetricsMiddleware:
+    """Counts every HTTP request by model, endpoint and status, and times it (pure ASGI).
+
+    Handlers name the model and endpoint in ``request.state`` (``vbs_model``,
+    ``vbs_endpoint``); requests that never reach one count under ``"-"`` / ``"other"``.
+    """
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]],
+                       send: Callable[[Message], Awaitable[None]]) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = [500]
+        scope.setdefault("state", {})
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            state = scope.get("state") or {}
+            model = str(state.get("vbs_model") or NO_MODEL)
+            endpoint = str(state.get("vbs_endpoint") or "other")
+            self.metrics.requests.labels(model, endpoint, str(status[0])).inc()
+            self.metrics.latency.labels(model, endpoint).observe(time.perf_counter() - started)

@@ -1,0 +1,413 @@
+"""The models a service serves, their plan tables, and keeping those tables current.
+
+At start, each model is prepared in a thread (``planner.pipeline.prepare``: its table read from
+the store by the profile's fingerprint, or profiled, solved and published), one after another,
+with a progress log; a worker and a batcher are built for it. The service is ready when every
+model is. A plan store that cannot be reached at start is retried with backoff (counted in
+``vbs_store_errors``); a model that cannot be loaded (bad name, untraceable) is marked failed
+with the reason, shown by the readiness endpoints.
+
+Then a background task watches the store (``AsyncPlanStore.watch``). When the planner
+announces a new version of a table whose fingerprint a model uses, the table is read and
+swapped into the worker (``worker.table = ...``); later batches use it. When the store goes
+away, serving goes on from the tables in memory: the error is logged and counted, the watch
+reconnects with backoff, and on reconnecting re-reads each table's version (announcements
+made while it was away are not replayed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.errors import StoreError, UsageError, VbsError
+from planner.models import ModelSpec
+from planner.settings import Settings
+from planner.solver.table import PlanTable
+from planner.store import Backoff, PlanStore, open_async_store, open_store
+from planner.store.base import AsyncPlanStore
+from service.batcher import Batcher
+from service.codecs import Preprocess, build_preprocess, labels_for
+from service.errors import ModelNotFoundError, RequestError, UnavailableError
+from service.metrics import Metrics
+
+log = logging.getLogger("vbs.service")
+
+LOADING, READY, FAILED = "loading", "ready", "failed"
+HEARTBEAT_S = 15.0
+
+
+@dataclass(eq=False)
+class ModelEntry:
+    """One served model: what it is, its worker and batcher once loaded, and its table."""
+
+    name: str                       # the name it is served under (URLs, metrics)
+    spec: ModelSpec
+    state: str = LOADING
+    error: str | None = None
+    prepared: Any = None            # planner.pipeline.Prepared
+    worker: Any = None              # workers.worker.Worker
+    batcher: Batcher | None = None
+    table_version: int | None = None
+    table_meta: dict[str, Any] = field(default_factory=dict)
+    labels: list[str] | None = None
+    preprocess: Preprocess | None = None
+    image_mode: str | None = None
+    load_s: float | None = None
+    cache: collections.OrderedDict[Any, Any] = field(default_factory=collections.OrderedDict,
+                                                     repr=False)
+    cache_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def ready(self) -> bool:
+        return self.state == READY
+
+    @property
+    def fingerprint(self) -> str | None:
+        return self.prepared.fingerprint if self.prepared is not None else None
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        if self.prepared is not None:
+            return tuple(self.prepared.capture.input_shape)
+        return tuple(self.spec.input_shape or ())
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        return tuple(self.prepared.capture.output_shape) if self.prepared is not None else ()
+
+    @property
+    def table(self) -> PlanTable:
+        return self.worker.table
+
+    def cached(self, key: Any, compute: Any, size: int = 256) -> Any:
+        """A small LRU of answers that depend only on this model's table (for /plan)."""
+        with self.cache_lock:
+            if key in self.cache:
+                self.cache.move_to_end(key)
+                return self.cache[key]
+        value = compute()
+        with self.cache_lock:
+            self.cache[key] = value
+            while len(self.cache) > size:
+                self.cache.popitem(last=False)
+        return value
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "model": self.spec.name, "state": self.state,
+                               "dtype": self.spec.dtype, "device": self.spec.device,
+                               "input_shape": list(self.input_shape) or None}
+        if self.error:
+            out["error"] = self.error
+        if self.ready:
+            table = self.table
+            out.update({
+                "output_shape": list(self.output_shape), "batch_max": table.batch_max,
+                "fingerprint": self.fingerprint, "labels": self.labels is not None,
+                "images": self.preprocess is not None,
+                "table": {"version": self.table_version, "solver": table.solver,
+                          "slot_bytes": table.slot_bytes, "top_bytes": table.top_bytes,
+                          "plans": len(table.plans)},
+                "queue": self.batcher.waiting if self.batcher else 0,
+                "memory_limit_bytes": self.worker.probe.limit,
+                "load_s": self.load_s,
+            })
+        return out
+
+
+class Registry:
+    """Loads the models of ``settings.models``, serves their entries, reloads their tables."""
+
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.entries: dict[str, ModelEntry] = {}
+        for served, name, shape in settings.served_models:
+            spec = ModelSpec(name=name, input_shape=shape, dtype=settings.dtype,
+                             device=settings.device, weights=settings.weights)
+            self.entries[served] = ModelEntry(served, spec)
+            metrics.model_ready.labels(served).set(0)
+        self.backoff = Backoff(base=settings.store_retry_base_s, cap=settings.store_retry_cap_s)
+        self._rng = random.Random()
+        self._store: PlanStore | None = None
+        self._astore: AsyncPlanStore | None = None
+        self._load_task: asyncio.Task[None] | None = None
+        self._watch_task: asyncio.Task[None] | None = None
+        self._loaded = asyncio.Event()   # every model loaded or failed
+        self._changed = asyncio.Event()  # replaced after every table swap
+        self.store_up: bool | None = None
+        self._unusable: dict[str, int] = {}  # model -> the last table version that could not be used
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.entries) and all(e.ready for e in self.entries.values())
+
+    def not_ready_reason(self) -> str:
+        if not self.entries:
+            return "no models configured: start with --model NAME (or VBS_MODELS)"
+        waiting = [f"{e.name} {e.state}" + (f" ({e.error})" if e.error else "")
+                   for e in self.entries.values() if not e.ready]
+        return "not ready: " + "; ".join(waiting)
+
+    def get(self, name: str) -> ModelEntry:
+        entry = self.entries.get(name)
+        if entry is None:
+            served = ", ".join(self.entries) or "none"
+            raise ModelNotFoundError(f"model: no model {name!r} is served here; served: {served}")
+        return entry
+
+    def resolve(self, name: str | None) -> ModelEntry:
+        """The model a request names, or the only one served when it names none."""
+        if name is None:
+            if len(self.entries) == 1:
+                return next(iter(self.entries.values()))
+            raise RequestError(f"model: this service serves {len(self.entries)} models; name one "
+                               f"with ?model= (one of {', '.join(self.entries) or 'none'})")
+        return self.get(name)
+
+    def ready_entry(self, name: str | None) -> ModelEntry:
+        entry = self.resolve(name)
+        if entry.state == LOADING:
+            raise UnavailableError(f"model {entry.name} is still loading (profiling and planning "
+                                   "take a while once); retry shortly", retry_after=5)
+        if entry.state == FAILED:
+            raise UnavailableError(f"model {entry.name} failed to load: {entry.error}",
+                                   retry_after=60)
+        return entry
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        """Wait until every model is loaded; raise UnavailableError if one failed or time ran out."""
+        try:
+            await asyncio.wait_for(self._loaded.wait(), timeout_s)
+        except asyncio.TimeoutError as exc:
+            raise UnavailableError(f"models not loaded within {timeout_s} s: "
+                                   f"{self.not_ready_reason()}") from exc
+        if not self.ready:
+            raise UnavailableError(self.not_ready_reason())
+
+    async def wait_table(self, name: str, version: int, timeout_s: float) -> None:
+        """Wait until model ``name`` serves table ``version`` or a later one."""
+        entry = self.get(name)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while entry.table_version is None or entry.table_version < version:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise UnavailableError(f"model {name} still serves table {entry.table_version}, "
+                                       f"not {version}, after {timeout_s} s")
+            changed = self._changed
+            try:
+                await asyncio.wait_for(changed.wait(), remaining)
+            except asyncio.TimeoutError:
+                continue
+
+    # ------------------------------------------------------------------ life cycle
+
+    async def start(self) -> None:
+        if self.settings.threads:
+            import torch
+            torch.set_num_threads(self.settings.threads)
+        if not self.entries:
+            log.warning("no models configured: the service answers health checks only")
+            self._loaded.set()
+            return
+        self._load_task = asyncio.create_task(self._load_all(), name="vbs-load-models")
+
+    async def close(self) -> None:
+        """Stop loading and watching; drain every batcher (accepted requests are answered)."""
+        for task in (self._load_task, self._watch_task):
+            if task is not None and not task.done():
+                task.cancel()
+        await asyncio.gather(*(t for t in (self._load_task, self._watch_task) if t is not None),
+                             return_exceptions=True)
+        batchers = [e.batcher for e in self.entries.values() if e.batcher is not None]
+        await asyncio.gather(*(b.close(self.settings.request_timeout_s) for b in batchers),
+                             return_exceptions=True)
+        if self._astore is not None:
+            try:
+                await self._astore.aclose()
+            except StoreError as exc:
+                log.debug("closing the plan store: %s", exc)
+        if self._store is not None:
+            await asyncio.to_thread(self._store.close)
+
+    # ------------------------------------------------------------------ loading
+
+    async def _load_all(self) -> None:
+        try:
+            total = len(self.entries)
+            for i, entry in enumerate(self.entries.values(), 1):
+                await self._load(entry, i, total)
+        finally:
+            self._loaded.set()
+        if self.ready:
+            log.info("ready: %s", ", ".join(self.entries))
+        if any(e.ready for e in self.entries.values()):
+            self._watch_task = asyncio.create_task(self._watch(), name="vbs-watch-tables")
+
+    async def _load(self, entry: ModelEntry, i: int, total: int) -> None:
+        attempt = 0
+        while True:
+            started = time.monotonic()
+            log.info("%s: loading %s (%d of %d) with tables from %s", entry.name, entry.spec.name,
+                     i, total, self.settings.store_location)
+            heartbeat = asyncio.create_task(self._heartbeat(entry, started))
+            try:
+                await asyncio.to_thread(self._prepare, entry)
+            except StoreError as exc:
+                self.metrics.store_errors.inc()
+                delay = self.backoff.delay(attempt, self._rng.random())
+                attempt += 1
+                entry.error = f"plan store unavailable ({exc}); retrying in {delay:.1f} s"
+                log.warning("%s: %s", entry.name, entry.error)
+                await asyncio.sleep(delay)
+                continue
+            except VbsError as exc:
+                self._failed(entry, str(exc))
+                return
+            except Exception as exc:  # noqa: BLE001 - a model that cannot load must not stop the rest
+                log.exception("%s: loading failed", entry.name)
+                self._failed(entry, f"{type(exc).__name__}: {exc}")
+                return
+            finally:
+                heartbeat.cancel()
+            break
+        batcher = Batcher(entry.name, entry.worker,
+                          max_delay_s=self.settings.max_batch_delay_ms / 1000,
+                          max_queue=self.settings.max_queue,
+                          latency_target_s=self.settings.latency_target_s, metrics=self.metrics,
+                          table_version=lambda: entry.table_version)
+        await batcher.start()
+        entry.batcher = batcher
+        entry.load_s = round(time.monotonic() - started, 3)
+        entry.error = None
+        entry.state = READY
+        self.metrics.model_ready.labels(entry.name).set(1)
+        self.metrics.table_version.labels(entry.name).set(entry.table_version or 0)
+        table = entry.table
+        log.info("%s: ready in %.1f s: input %s, table v%s (%s, %d plans, b <= %d, fingerprint %s)",
+                 entry.name, entry.load_s, list(entry.input_shape), entry.table_version,
+                 table.solver, len(table.plans), table.batch_max, entry.fingerprint)
+
+    async def _heartbeat(self, entry: ModelEntry, started: float) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            log.info("%s: still preparing (%.0f s): profiling every layer at every batch size "
+                     "happens once per model and device", entry.name, time.monotonic() - started)
+
+    def _failed(self, entry: ModelEntry, message: str) -> None:
+        entry.state, entry.error = FAILED, " ".join(message.split())
+        log.error("%s: cannot be served: %s", entry.name, entry.error)
+
+    def _sync_store(self) -> PlanStore:
+        if self._store is None:
+            self._store = open_store(self.settings.store_location)
+        return self._store
+
+    def _prepare(self, entry: ModelEntry) -> None:
+        """Capture, table (from the store or solved), worker, labels, preprocessing (a thread)."""
+        from planner.pipeline import prepare
+        from workers.memory import MemoryProbe
+        from workers.worker import Worker
+
+        store = self._sync_store()
+        s = self.settings
+        prepared = prepare(entry.spec, s, store, batch_max=s.batch_max, solver=s.solver,
+                           progress=False)
+        version = store.table_version(prepared.fingerprint)
+        probe = MemoryProbe(device=s.device, limit=s.memory_limit_bytes,
+                            margin=s.memory_margin_bytes)
+        worker = Worker(prepared.capture, prepared.profile, prepared.table, probe)
+        out_shape = tuple(prepared.capture.output_shape)
+        labels = labels_for(entry.spec.name, out_shape[0]) if len(out_shape) == 1 else None
+        pre = build_preprocess(entry.spec.name, tuple(prepared.capture.input_shape))
+        entry.prepared, entry.worker = prepared, worker
+        entry.table_version = version
+        entry.table_meta = {"solver": prepared.table.solver, "slot_bytes": prepared.table.slot_bytes}
+        entry.labels = labels
+        if pre is not None:
+            entry.preprocess, entry.image_mode = pre
+
+    # ------------------------------------------------------------------ watching the store
+
+    def _set_store_up(self, up: bool) -> None:
+        self.store_up = up
+        self.metrics.store_up.set(1 if up else 0)
+
+    async def _watch(self) -> None:
+        try:
+            self._astore = open_async_store(self.settings.store_location,
+                                            poll_interval=self.settings.store_poll_s)
+        except StoreError as exc:
+            self.metrics.store_errors.inc()
+            log.error("cannot watch the plan store for new tables: %s", exc)
+            return
+        attempt = 0
+        while True:
+            try:
+                async with self._astore.watch() as announcements:
+                    if attempt:
+                        log.info("plan store %s is back; checking for tables published "
+                                 "meanwhile", self._astore.location)
+                    self._set_store_up(True)
+                    attempt = 0
+                    await self._catch_up(self._astore)
+                    async for announcement in announcements:
+                        for entry in self._using(announcement.fingerprint):
+                            await self._reload(self._astore, entry, announcement.version)
+            except StoreError as exc:
+                self._set_store_up(False)
+                self.metrics.store_errors.inc()
+                delay = self.backoff.delay(attempt, self._rng.random())
+                attempt += 1
+                log.warning("plan store: %s; serving goes on from the tables in memory; "
+                            "retrying in %.2f s", " ".join(str(exc).split()), delay)
+                await asyncio.sleep(delay)
+
+    def _using(self, fingerprint: str) -> list[ModelEntry]:
+        return [e for e in self.entries.values() if e.ready and e.fingerprint == fingerprint]
+
+    async def _catch_up(self, store: AsyncPlanStore) -> None:
+        for entry in [e for e in self.entries.values() if e.ready]:
+            version = await store.table_version(entry.fingerprint)
+            if version is not None:
+                await self._reload(store, entry, version)
+
+    async def _reload(self, store: AsyncPlanStore, entry: ModelEntry, version: int) -> None:
+        seen = max(entry.table_version or 0, self._unusable.get(entry.name, 0))
+        if version <= seen:
+            return
+        stored = await store.get_table(entry.fingerprint)
+        if stored.version <= seen:
+            return
+        try:
+            table = await asyncio.to_thread(PlanTable.from_bytes, stored.blob)
+            if table.fingerprint != entry.fingerprint:
+                raise UsageError(f"the table is for fingerprint {table.fingerprint}, not "
+                                 f"{entry.fingerprint}")
+            entry.worker.table = table
+        except (StoreError, UsageError) as exc:
+            self.metrics.store_errors.inc()
+            log.error("%s: table v%d cannot be used, keeping v%s: %s", entry.name, stored.version,
+                      entry.table_version, exc)
+            self._unusable[entry.name] = stored.version  # not read again until a newer one
+            return
+        old = entry.table_version
+        entry.table_version = stored.version
+        entry.table_meta = dict(stored.meta)
+        with entry.cache_lock:
+            entry.cache.clear()
+        self.metrics.table_reloads.labels(entry.name).inc()
+        self.metrics.table_version.labels(entry.name).set(stored.version)
+        log.info("%s: table v%s -> v%d swapped in (%s, slot %d B, %d plans)", entry.name, old,
+                 stored.version, table.solver, table.slot_bytes, len(table.plans))
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()

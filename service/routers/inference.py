@@ -1,0 +1,65 @@
+"""``POST /infer``: tensors (JSON, .npy, raw bytes) or images in, outputs or top-k labels out."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+
+from service import serving
+from service.deps import ApiKey, BodyDep, RegistryDep, SettingsDep
+
+router = APIRouter(tags=["inference"], dependencies=[ApiKey])
+
+_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "samples of the model's planned input shape, as JSON, .npy, raw bytes "
+                       "or images",
+        "content": {
+            "application/json": {"schema": {
+                "type": "object", "required": ["inputs"],
+                "properties": {
+                    "inputs": {"type": "array", "description": "samples, nested lists "
+                               "[N, *input_shape] (or flat with 'shape')", "items": {}},
+                    "shape": {"type": "array", "items": {"type": "integer"}},
+                    "dtype": {"type": "string", "default": "float32"},
+                    "model": {"type": "string"}, "top_k": {"type": "integer", "minimum": 1}}}},
+            "application/x-npy": {"schema": {"type": "string", "format": "binary"}},
+            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+            "multipart/form-data": {"schema": {
+                "type": "object", "properties": {"files": {
+                    "type": "array", "items": {"type": "string", "format": "binary"}}}}},
+            "image/jpeg": {"schema": {"type": "string", "format": "binary"}},
+            "image/png": {"schema": {"type": "string", "format": "binary"}},
+        },
+    },
+}
+
+_ERRORS = {
+    400: {"description": "a bad field, shape, dtype or encoding ({\"error\": ...} names it)"},
+    401: {"description": "missing or wrong API key"},
+    404: {"description": "no such model"},
+    413: {"description": "body or samples over the limit"},
+    415: {"description": "unsupported Content-Type"},
+    503: {"description": "loading, queue full or no memory now (Retry-After)"},
+    504: {"description": "not answered within request_timeout_s"},
+}
+
+
+@router.post("/infer", openapi_extra=_BODY, responses=_ERRORS,
+             summary="Run samples through a model with the plan for the memory free now")
+async def post_infer(
+        request: Request, registry: RegistryDep, settings: SettingsDep, body: BodyDep,
+        model: Annotated[str | None, Query(description="served model name; default: the only one")] = None,
+        top_k: Annotated[int | None, Query(ge=1, description="return the k best labels")] = None,
+        shape: Annotated[str | None, Query(description="octet-stream: the tensor's shape")] = None,
+        dtype: Annotated[str | None, Query(description="octet-stream: the values' dtype")] = None,
+) -> Response:
+    request.state.vbs_endpoint = "infer"
+    decoded = await serving.decode_infer(request.headers, body, registry, settings, request.state,
+                                         model=model, top_k=top_k, shape=shape, dtype=dtype)
+    outcome = await serving.run(decoded.entry, decoded.x, settings)
+    return await run_in_threadpool(serving.infer_response, decoded, outcome)

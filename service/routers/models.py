@@ -1,0 +1,18 @@
+"""``GET /models``: what is served, its input and output shapes, and its current table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from service.deps import RegistryDep
+
+router = APIRouter(tags=["models"])
+
+
+@router.get("/models", summary="The served models and their tables")
+async def get_models(request: Request, registry: RegistryDep) -> dict[str, Any]:
+    request.state.vbs_endpoint = "models"
+    return {"models": [e.describe() for e in registry.entries.values()],
+            "ready": registry.ready, "store_up": registry.store_up}

@@ -1,0 +1,82 @@
+"""The Open Inference Protocol v2 (KServe / Triton): health, metadata and inference.
+
+``POST /v2/models/{name}/infer`` takes JSON tensors or the binary tensor extension
+(``Inference-Header-Content-Length``); a single-input model accepts any input name. The
+response's ``parameters`` name the plan that ran the batch and the time queued and running.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from service import codecs, serving
+from service.deps import ApiKey, BodyDep, RegistryDep, SettingsDep
+from service.routers.health import readiness
+
+router = APIRouter(prefix="/v2", tags=["open inference protocol v2"])
+SERVER_NAME = "vbs-serve"
+EXTENSIONS = ["binary_tensor_data"]
+
+
+@router.get("", summary="Server metadata")
+async def get_server() -> dict[str, object]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        release = version("vbs-serve")
+    except PackageNotFoundError:
+        release = "unknown"
+    return {"name": SERVER_NAME, "version": release, "extensions": EXTENSIONS}
+
+
+@router.get("/health/live", summary="Liveness")
+async def get_live() -> dict[str, bool]:
+    return {"live": True}
+
+
+@router.get("/health/ready", summary="Readiness: every model and its table loaded")
+async def get_ready(request: Request, registry: RegistryDep) -> JSONResponse:
+    request.state.vbs_endpoint = "health"
+    return readiness(registry)
+
+
+@router.get("/models/{name}", summary="Model metadata")
+async def get_model(name: str, registry: RegistryDep) -> dict[str, object]:
+    entry = registry.ready_entry(name)
+    datatype = codecs.V2_OF_DTYPE.get(entry.spec.dtype, "FP32")  # bfloat16 is sent as FP32
+    return {"name": entry.name, "versions": ["1"], "platform": "pytorch_vbs",
+            "inputs": [{"name": "input", "datatype": datatype, "shape": [-1, *entry.input_shape]}],
+            "outputs": [{"name": codecs.OUTPUT_NAME, "datatype": "FP32",
+                         "shape": [-1, *entry.output_shape]}],
+            "parameters": {"model": entry.spec.name, "batch_max": entry.table.batch_max,
+                           "fingerprint": entry.fingerprint, "table_version": entry.table_version}}
+
+
+@router.get("/models/{name}/ready", summary="Model readiness")
+async def get_model_ready(name: str, registry: RegistryDep) -> JSONResponse:
+    entry = registry.get(name)
+    if entry.ready:
+        return JSONResponse({"name": entry.name, "ready": True})
+    return JSONResponse({"error": registry.not_ready_reason(), "name": entry.name, "ready": False},
+                        status_code=503, headers={"Retry-After": "5"})
+
+
+@router.post("/models/{name}/infer", dependencies=[ApiKey], summary="Inference (OIP v2)",
+             responses={400: {"description": "a bad tensor ({\"error\": ...} names the field)"},
+                        401: {"description": "missing or wrong API key"},
+                        404: {"description": "no such model"},
+                        413: {"description": "body or samples over the limit"},
+                        503: {"description": "loading, queue full or no memory now"},
+                        504: {"description": "not answered within request_timeout_s"}})
+async def post_model_infer(name: str, request: Request, registry: RegistryDep,
+                           settings: SettingsDep, body: BodyDep) -> Response:
+    request.state.vbs_endpoint = "v2_infer"
+    entry = registry.ready_entry(name)
+    request.state.vbs_model = entry.name
+    req, x = await serving.decode_v2(request.headers, body, entry, settings)
+    outcome = await serving.run(entry, x, settings)
+    content, headers = await run_in_threadpool(codecs.v2_response, entry.name, req.id, outcome.y,
+                                               req.binary_output, serving.v2_parameters(outcome))
+    return Response(content, headers=headers)
