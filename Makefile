@@ -1,10 +1,11 @@
-# Two commands on a fresh machine:  `make run` (set up, then serve/plan a model on CPU)
+# Two commands on a fresh machine:  `make run` (set up, then serve a model on CPU)
 # and `make test` (set up, then the whole test suite). Everything they need is installed here.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 MODEL  ?= squeezenet1_0
+PORT   ?= 8000
 
 .PHONY: run test setup redis-server clean
 
@@ -24,9 +25,10 @@ redis-server:
 test: $(STAMP) redis-server
 	$(BIN)/pytest -q
 
+# Serves MODEL on CPU at http://127.0.0.1:8000 with the embedded plan store (no Redis): the
+# first start profiles and plans the model (a minute or so), later starts read the table.
 run: $(STAMP)
-	$(BIN)/vbs graph --model $(MODEL)
-	$(BIN)/vbs profile --model $(MODEL) --batch-max 8 --out profiles/$(MODEL).json
+	$(BIN)/vbs serve --model $(MODEL) --host 127.0.0.1 --port $(PORT)
 
 clean:
 	rm -rf $(VENV) .pytest_cache profiles

@@ -3,6 +3,7 @@
     vbs plan [--model [ALIAS=]NAME[@C,H,W] ...] --batch-max B [--store redis://...|DIR]
              [--solver vbs] [--grid] [--replan]
     vbs show --model NAME --memory 30MB --batch 12 [--store ...]
+    vbs show --model NAME --memory 10MB:60MB:10MB --batch 12      (a sweep over budgets)
 
 ``plan`` = profile (cached) + solve + publish, for every model (or VBS_MODELS): the one-shot
 job of docker compose and the Kubernetes planner Job. ``show`` prints the table's plan for a
@@ -66,12 +67,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     from planner.cli import settings_from
     from planner.errors import InfeasibleError
     from planner.pipeline import prepare
-    from planner.solver.compare import compare, render
-    from planner.solver.memory import parse_bytes
+    from planner.solver.compare import compare, render, render_sweep, sweep
+    from planner.solver.memory import parse_budgets, parse_bytes
+    from planner.solver.solve import solve
     from planner.store import open_store
 
     settings = settings_from(args)
-    budget = parse_bytes(args.memory)
     [(served, spec)] = _specs(args, settings)[:1]
     store = open_store(settings.store_location)
     try:
@@ -81,6 +82,15 @@ def cmd_show(args: argparse.Namespace) -> int:
     finally:
         store.close()
     table = prepared.table
+    if any(c in args.memory for c in ":,") or args.memory.startswith("auto"):
+        # A sweep: from the least any plan of one sample needs to where every unit runs at r.
+        top = solve(prepared.profile, args.batch, 1 << 62, solver="fbs").peak_bytes
+        low = solve(prepared.profile, 1, 1 << 62, solver="fbs").peak_bytes
+        budgets = parse_budgets(args.memory, low, top)
+        print(render_sweep(sweep(prepared.profile, args.batch, budgets, slot_bytes=table.slot_bytes),
+                           title=served))
+        return 0
+    budget = parse_bytes(args.memory)
     plans = {}
     try:
         plans[table.solver] = table.lookup(args.batch, budget)
@@ -116,7 +126,8 @@ def add_parser(sub: Any) -> None:
 
     p = sub.add_parser("show", help="one plan beside paper, greedy and fbs, per unit (Table III)")
     _common(p)
-    p.add_argument("--memory", required=True, help="budget: bytes or 30MB, 1.5GiB, ...")
+    p.add_argument("--memory", required=True,
+                   help="budget: bytes or 30MB, 1.5GiB; or a sweep: 10MB:60MB:10MB, a list, auto[:N]")
     p.add_argument("--batch", type=_positive, required=True, help="request size")
     p.add_argument("--batch-max", type=_positive, help="largest request size of the table")
     p.set_defaults(func=cmd_show)

@@ -19,22 +19,13 @@ import json
 import sys
 from typing import Any
 
+from planner.cli import _positive
 from planner.errors import InfeasibleError, UsageError, VbsError
 from planner.solver.memory import check_slot_bytes, format_bytes, parse_bytes
 from planner.solver.model import OBJECTIVES, build_instance
 from planner.solver.simulate import simulate
 from planner.solver.solve import SOLVERS, default_slot_bytes, solve
 from planner.tree import load_profile
-
-
-def _batch(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of samples") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} samples: give at least 1")
-    return value
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -44,7 +35,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--profile", required=True, help="a vbs.profile/1 JSON file")
     p.add_argument("--memory", required=True,
                    help="memory budget: bytes or a size such as 30MB, 1.5GB, 512KiB, 2GiB")
-    p.add_argument("--batch", required=True, type=_batch, help="request size r (1..batch_max)")
+    p.add_argument("--batch", required=True, type=_positive, help="request size r (1..batch_max)")
     p.add_argument("--slot-bytes", default=None,
                    help="memory slot size (default: 1/512 of the all-at-batch_max plan's need)")
     p.add_argument("--solver", choices=SOLVERS, default="vbs", help="default: vbs")

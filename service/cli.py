@@ -8,19 +8,10 @@ import json
 import logging
 from typing import Any
 
+from planner.cli import _positive
 from planner.errors import UsageError
 
 log = logging.getLogger("vbs.service")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value
 
 
 def _seconds(text: str) -> float:

@@ -13,10 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from planner.errors import InfeasibleError
+from planner.solver.compare import Outcome, compare
 from planner.solver.model import build_instance
-from planner.solver.program import Plan
-from planner.solver.simulate import simulate
-from planner.solver.solve import solve
 from service.registry import ModelEntry
 
 BASELINES = ("fbs", "greedy")
@@ -27,8 +25,10 @@ def _instance(entry: ModelEntry, objective: str) -> Any:
                         lambda: build_instance(entry.prepared.profile, objective))
 
 
-def _describe(inst: Any, plan: Plan, r: int, budget: int, slot_bytes: int) -> dict[str, Any]:
-    sim = simulate(inst, plan.program, r, budget, slot_bytes=slot_bytes)
+def _describe(o: Outcome, r: int, budget: int) -> dict[str, Any]:
+    if o.plan is None or o.simulation is None:
+        return {"feasible": False, "solver": o.solver, "reason": o.reason}
+    plan = o.plan
     return {
         "feasible": True, "solver": plan.solver, "plan_id": plan.plan_id,
         "time_total_s": plan.time_total, "time_per_sample_s": plan.time_per_sample,
@@ -36,13 +36,9 @@ def _describe(inst: Any, plan: Plan, r: int, budget: int, slot_bytes: int) -> di
         "peak_bytes": plan.peak_bytes, "breakpoint_bytes": plan.budget_bytes,
         "unused_bytes": budget - plan.peak_bytes,
         "units": [{"unit": u.name, "batches": list(u.batches), "unused_bytes": list(u.unused_bytes)}
-                  for u in sim.units],
+                  for u in o.simulation.units],
         "program": plan.program.to_json(),
     }
-
-
-def _infeasible(solver: str, exc: InfeasibleError) -> dict[str, Any]:
-    return {"feasible": False, "solver": solver, "reason": " ".join(str(exc).split())}
 
 
 def explain(entry: ModelEntry, r: int, budget: int) -> dict[str, Any]:
@@ -54,30 +50,19 @@ def explain(entry: ModelEntry, r: int, budget: int) -> dict[str, Any]:
 
 def _explain(entry: ModelEntry, table: Any, r: int, budget: int) -> dict[str, Any]:
     inst = _instance(entry, table.objective)
-    slot = table.slot_bytes
-    answers: dict[str, dict[str, Any]] = {}
+    plans = {}
     try:
-        plan = table.lookup(r, budget)
-        answers["plan"] = _describe(inst, plan, r, budget, slot)
-    except InfeasibleError as exc:
-        answers["plan"] = _infeasible(table.solver, exc)
-    for solver in BASELINES:
-        try:
-            baseline = solve(inst, r, budget, solver=solver, objective=table.objective,
-                             slot_bytes=slot)
-            answers[solver] = _describe(inst, baseline, r, budget, slot)
-        except InfeasibleError as exc:
-            answers[solver] = _infeasible(solver, exc)
-    gain: dict[str, float | None] = {}
-    ours = answers["plan"]
-    for solver in BASELINES:
-        theirs = answers[solver]
-        if ours["feasible"] and theirs["feasible"] and ours["time_total_s"] > 0:
-            gain[solver] = theirs["time_total_s"] / ours["time_total_s"]
-        else:
-            gain[solver] = None
+        plans[table.solver] = table.lookup(r, budget)
+    except InfeasibleError:
+        pass  # compare() solves it again and says why nothing fits
+    solvers = (table.solver, *[s for s in BASELINES if s != table.solver])
+    cmp = compare(inst, r, budget, slot_bytes=table.slot_bytes, solvers=solvers,
+                  objective=table.objective, plans=plans)
+    ours = _describe(cmp.outcome(table.solver), r, budget)
     return {"model": entry.name, "fingerprint": entry.fingerprint,
             "table_version": entry.table_version, "table_solver": table.solver,
-            "slot_bytes": slot, "batch": r, "memory_budget": budget,
-            "plan": ours, "fbs": answers["fbs"], "greedy": answers["greedy"],
-            "gain": gain}
+            "slot_bytes": table.slot_bytes, "batch": r, "memory_budget": budget,
+            "plan": ours,
+            **{s: _describe(cmp.outcome(s), r, budget) if s != table.solver else ours
+               for s in BASELINES},
+            "gain": {s: cmp.gain(table.solver, s) for s in BASELINES}}

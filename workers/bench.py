@@ -31,7 +31,7 @@ import torch
 
 from planner.errors import InfeasibleError, UsageError
 from planner.graph.capture import Capture
-from planner.solver.memory import format_bytes, parse_bytes, slots_down
+from planner.solver.memory import format_bytes, parse_budgets, slots_down
 from planner.solver.program import Plan
 from planner.solver.simulate import simulate
 from planner.solver.solve import solve
@@ -61,29 +61,6 @@ class Row:
     gain_over_fbs: float | None = None
     plan_id: str | None = None
     reason: str = ""
-
-
-def parse_budgets(text: str, low: int, high: int) -> list[int]:
-    """``15MB:40MB:5MB`` (inclusive), ``10MB,20MB``, or ``auto[:N]`` (N budgets from the
-    least any plan of the request runs in up to where fbs runs it whole)."""
-    if text.startswith("auto"):
-        n = int(text.split(":", 1)[1]) if ":" in text else 6
-        if n < 2:
-            raise UsageError("--memory auto:N needs N >= 2")
-        return [int(low + (high - low) * k / (n - 1)) for k in range(n)]
-    if ":" in text:
-        parts = text.split(":")
-        if len(parts) != 3:
-            raise UsageError(f"--memory {text!r}: give START:STOP:STEP, e.g. 15MB:40MB:5MB")
-        start, stop, step = (parse_bytes(p) for p in parts)
-        if step <= 0 or stop < start:
-            raise UsageError(f"--memory {text!r}: STEP must be > 0 and STOP >= START")
-        out, b = [], start
-        while b <= stop:
-            out.append(b)
-            b += step
-        return out
-    return [parse_bytes(p) for p in text.split(",") if p.strip()]
 
 
 def fit_plan(profile: Profile, ws: dict[str, tuple[int, ...]], r: int, budget: int,

@@ -126,3 +126,23 @@ def render(cmp: Comparison, title: str = "", detail: tuple[str, str] = ("vbs", "
             row += f" {_batches(use.batches):>16} {format_bytes(unused) if unused is not None else '-':>10}"
         lines.append(row)
     return "\n".join(lines)
+
+
+def sweep(model: Profile | Instance, batch: int, budgets: Sequence[int], *,
+          slot_bytes: int | None = None, solvers: Sequence[str] = SOLVERS) -> list[Comparison]:
+    """``compare`` at every budget: the predicted side of the paper's Figure 7 and Table II."""
+    inst = instance_of(model, "time")
+    return [compare(inst, batch, b, slot_bytes=slot_bytes, solvers=solvers) for b in budgets]
+
+
+def render_sweep(rows: list[Comparison], title: str = "") -> str:
+    """Predicted time per sample of every solver at every budget, and vbs's gain over fbs."""
+    solvers = [o.solver for o in rows[0].outcomes] if rows else []
+    lines = [f"{title}  r={rows[0].batch if rows else '?'}  predicted time per sample (ms)".strip(),
+             f"{'budget':>11} " + " ".join(f"{s:>9}" for s in solvers) + f" {'vbs/fbs':>8}"]
+    for cmp in rows:
+        cells = [f"{o.time_per_sample * 1e3:>9.3f}" if o.plan else f"{'-':>9}" for o in cmp.outcomes]
+        gain = cmp.gain("vbs", "fbs") if "vbs" in solvers and "fbs" in solvers else None
+        lines.append(f"{format_bytes(cmp.budget):>11} " + " ".join(cells) +
+                     f" {(f'{gain:.2f}x' if gain else '-'):>8}")
+    return "\n".join(lines)

@@ -77,3 +77,26 @@ def check_slot_bytes(slot_bytes: int) -> int:
     if isinstance(slot_bytes, bool) or not isinstance(slot_bytes, int) or slot_bytes < 1:
         raise UsageError(f"slot size must be a whole number of bytes >= 1, got {slot_bytes!r}")
     return slot_bytes
+
+
+def parse_budgets(text: str, low: int, high: int) -> list[int]:
+    """``15MB:40MB:5MB`` (inclusive), ``10MB,20MB``, or ``auto[:N]`` (N budgets from the
+    least any plan of the request runs in up to where fbs runs it whole)."""
+    if text.startswith("auto"):
+        n = int(text.split(":", 1)[1]) if ":" in text else 6
+        if n < 2:
+            raise UsageError("--memory auto:N needs N >= 2")
+        return [int(low + (high - low) * k / (n - 1)) for k in range(n)]
+    if ":" in text:
+        parts = text.split(":")
+        if len(parts) != 3:
+            raise UsageError(f"--memory {text!r}: give START:STOP:STEP, e.g. 15MB:40MB:5MB")
+        start, stop, step = (parse_bytes(p) for p in parts)
+        if step <= 0 or stop < start:
+            raise UsageError(f"--memory {text!r}: STEP must be > 0 and STOP >= START")
+        out, b = [], start
+        while b <= stop:
+            out.append(b)
+            b += step
+        return out
+    return [parse_bytes(p) for p in text.split(",") if p.strip()]

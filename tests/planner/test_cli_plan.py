@@ -84,3 +84,12 @@ def test_compare_solvers_on_the_paper_example() -> None:
     assert cmp.outcome("vbs").simulation.usage("L2").batches == (1, 1)
     text = render(cmp, "paper example")
     assert "1.20x" in text and "1x2" in text
+
+
+def test_show_sweeps_budgets(tmp_path, capsys) -> None:
+    argv = ["show", "--model", MODEL, "--batch-max", "4", "--memory", "auto:4", "--batch", "4",
+            "--store", str(tmp_path / "store"), "--quiet", "--cache-dir", str(tmp_path / "cache")]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "vbs/fbs" in lines[1] and len(lines) == 2 + 4
+    assert lines[-1].split()[-1].endswith("x")  # at the top budget every solver is feasible

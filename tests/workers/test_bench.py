@@ -8,7 +8,7 @@ import pytest
 
 from planner.cli import main
 from planner.errors import UsageError
-from workers.bench import parse_budgets
+from planner.solver.memory import parse_budgets
 
 KEYS = {"model", "strategy", "memory_budget", "batch", "time_per_sample_measured",
         "time_per_sample_predicted", "peak_bytes_measured", "peak_bytes_predicted",
