@@ -57,11 +57,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
 def load_capture(args: argparse.Namespace, settings: Settings) -> Any:
     """Load and capture the model the flags name (imports torch)."""
     from planner.graph.capture import capture
-    from planner.models import ModelSpec, load_model, parse_shape
+    from planner.models import ModelSpec, apply_threads, load_model, parse_shape
 
-    if settings.threads:
-        import torch
-        torch.set_num_threads(settings.threads)
+    apply_threads(settings.threads)
     shape = parse_shape(args.input_shape) if args.input_shape else None
     spec = ModelSpec(name=args.model, input_shape=shape, dtype=settings.dtype,
                      device=settings.device, weights=Path(args.weights) if args.weights else None)

@@ -51,7 +51,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     store = open_store(settings.store_location)
     try:
         for served, spec in _specs(args, settings):
-            prepared = prepare(spec, settings, store, batch_max=args.batch_max, solver=args.solver,
+            prepared = prepare(spec, settings, store, batch_max=args.batch_max,
+                               solver=args.solver or settings.solver,
                                grid=args.grid, replan=args.replan, progress=not args.quiet)
             table = prepared.table
             how = "solved and published" if prepared.published else "already in the store"
@@ -78,7 +79,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     try:
         prepared = prepare(spec, settings, store, batch_max=max(args.batch_max or settings.batch_max,
                                                                 args.batch),
-                           solver=args.solver, progress=not args.quiet)
+                           solver=args.solver or settings.solver, progress=not args.quiet)
     finally:
         store.close()
     table = prepared.table
@@ -110,7 +111,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"])
     p.add_argument("--cache-dir", help="where profiles are cached (default: VBS_CACHE_DIR)")
     p.add_argument("--store", help="redis://[:password@]host:port/db or a directory (default: VBS_STORE)")
-    p.add_argument("--solver", choices=["vbs", "paper", "fbs", "greedy"], default="vbs")
+    p.add_argument("--solver", choices=["vbs", "paper", "fbs", "greedy"],
+                   help="default: VBS_SOLVER (vbs)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

@@ -55,6 +55,13 @@ class LoadedModel:
         return x.to(device=self.device, dtype=self.torch_dtype)
 
 
+def apply_threads(threads: int) -> None:
+    """torch's intra-op threads (0 = leave torch's default). The count is part of a CPU
+    profile's fingerprint, so planner and workers must agree on it to share tables."""
+    if threads:
+        torch.set_num_threads(threads)
+
+
 def parse_shape(text: str) -> tuple[int, ...]:
     """``"3,224,224"`` or ``"3x16x112x112"`` → a tuple of positive ints."""
     parts = [p for p in text.replace("x", ",").replace(" ", "").split(",") if p]

@@ -16,7 +16,7 @@ from typing import Any
 
 from planner.errors import TableNotFoundError
 from planner.graph.capture import Capture, capture
-from planner.models import ModelSpec, load_model
+from planner.models import ModelSpec, apply_threads, load_model
 from planner.profiling.profiler import ProfileOptions, cached_profile, fingerprint
 from planner.settings import Settings
 from planner.solver.table import PlanTable, build_table
@@ -77,6 +77,7 @@ def prepare(spec: ModelSpec, settings: Settings, store: PlanStore, *, batch_max:
             solver: str = "vbs", grid: bool = False, replan: bool = False,
             progress: bool = True) -> Prepared:
     """Capture a model and get its table: from the store, or profiled, solved and published."""
+    apply_threads(settings.threads)
     cap = capture(load_model(spec))
     options = options_from(settings, batch_max, grid)
     fp = fingerprint(cap, options)

@@ -212,9 +212,6 @@ class Registry:
     # ------------------------------------------------------------------ life cycle
 
     async def start(self) -> None:
-        if self.settings.threads:
-            import torch
-            torch.set_num_threads(self.settings.threads)
         if not self.entries:
             log.warning("no models configured: the service answers health checks only")
             self._loaded.set()
@@ -393,6 +390,10 @@ class Registry:
             if table.fingerprint != entry.fingerprint:
                 raise UsageError(f"the table is for fingerprint {table.fingerprint}, not "
                                  f"{entry.fingerprint}")
+            if table.solver != self.settings.solver:
+                # Another service's VBS_SOLVER published it; this one serves its own solver's.
+                raise UsageError(f"the table was solved with {table.solver!r}; this service serves "
+                                 f"{self.settings.solver!r} tables (VBS_SOLVER)")
             entry.worker.table = table
         except (StoreError, UsageError) as exc:
             self.metrics.store_errors.inc()

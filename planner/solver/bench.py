@@ -1,6 +1,6 @@
 """Time plan-table builds on synthetic trees; compare plain Python with the numba kernels.
 
-    python -m planner.solver.bench [--quick]
+    python -m planner.solver.bench [--quick] [--profile FILE ...]
 
 Prints one row per case: units, blocks, B, slots, the DP time, the read-out time (every
 breakpoint's program), plans kept, serialised size, peak DP memory. Then the plain-Python
@@ -23,7 +23,7 @@ from planner.solver.plain import plain_top
 from planner.solver.solve import default_slot_bytes, table_slots
 from planner.solver.synthetic import chain_like, googlenet_like, resnet50_like
 from planner.solver.table import build_table
-from planner.tree import Parallel, Profile, iter_layers, iter_nodes
+from planner.tree import Parallel, Profile, iter_layers, iter_nodes, load_profile
 
 
 @dataclass(frozen=True)
@@ -98,10 +98,15 @@ def plain_vs_fast(profile: Profile | None = None, slots: int = 256) -> tuple[flo
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="trees only (no 150-unit chain)")
+    parser.add_argument("--profile", action="append", default=[],
+                        help="also time a measured profile (vbs.profile/1 file); repeatable")
     args = parser.parse_args(argv)
     cases = [("googlenet-like", googlenet_like(32)), ("resnet50-like", resnet50_like(32))]
     if not args.quick:
         cases.append(("chain-150", chain_like(150, 32)))
+    for path in args.profile:
+        measured = load_profile(path)
+        cases.append((str(measured.meta.get("model", path)), measured))
     print(f"{'case':<15} {'solver':<6} {'units':>5} {'blocks':>6} {'B':>3} {'slots':>5} "
           f"{'DP s':>7} {'table s':>8} {'plans':>6} {'bytes':>9} {'DP MB':>7}")
     for r in bench(cases):

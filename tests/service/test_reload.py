@@ -29,7 +29,7 @@ def x_(n: int, seed: int) -> np.ndarray:
 
 
 def republish(location: str, entry: Any, solver: str) -> int:
-    """What the planner does: solve the profile again (another solver and slot size), publish."""
+    """What the planner does: solve the profile again (here with another slot size), publish."""
     profile = entry.prepared.profile
     table = build_table(profile, solver=solver, slot_bytes=entry.table.slot_bytes * 2)
     with open_store(location) as store:
@@ -47,18 +47,26 @@ def check_republished_table_is_served(settings: Settings) -> None:
             before = (await client.post("/infer", json={"inputs": x.tolist()})).json()
             assert before["table_version"] == 1 and before["plan"]["solver"] == "vbs"
             await wait_until(lambda: registry.store_up is True, what="the store watch")
-            version = await asyncio.to_thread(republish, settings.store_location, entry, "greedy")
+            old_slot = entry.table.slot_bytes
+            version = await asyncio.to_thread(republish, settings.store_location, entry, "vbs")
             assert version == 2
             await registry.wait_table("tiny", 2, timeout_s=30)
+            assert entry.table.slot_bytes == 2 * old_slot
             after = (await client.post("/infer", json={"inputs": x.tolist()})).json()
-            assert after["table_version"] == 2 and after["plan"]["solver"] == "greedy"
+            assert after["table_version"] == 2 and after["plan"]["solver"] == "vbs"
             assert_close(after["outputs"], reference(entry, x))
             (model,) = (await client.get("/models")).json()["models"]
-            assert model["table"] == {**model["table"], "version": 2, "solver": "greedy",
+            assert model["table"] == {**model["table"], "version": 2, "solver": "vbs",
                                       "slot_bytes": entry.table.slot_bytes}
             plan = (await client.get("/plan", params={"mem": "1MB"})).json()
-            assert plan["table_version"] == 2 and plan["table_solver"] == "greedy"
+            assert plan["table_version"] == 2 and plan["table_solver"] == "vbs"
             assert app.state.metrics.value("vbs_table_reloads_total", {"model": "tiny"}) == 1
+            # A table of another solver (another service's VBS_SOLVER) is not swapped in.
+            errors = app.state.metrics.value("vbs_store_errors_total")
+            assert await asyncio.to_thread(republish, settings.store_location, entry, "greedy") == 3
+            await wait_until(lambda: app.state.metrics.value("vbs_store_errors_total") > errors,
+                             what="the greedy table refused")
+            assert entry.table_version == 2 and entry.table.solver == "vbs"
 
     run(main())
 

@@ -1,0 +1,91 @@
+"""The operator docs cover what the code defines: every setting, endpoint and metric.
+
+Light: reads Settings' fields, builds the app's OpenAPI document (no lifespan, no model, no
+server) and parses service/metrics.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from planner.settings import Settings
+from service.main import create_app
+
+ROOT = Path(__file__).resolve().parent.parent
+API = ROOT / "docs" / "api.md"
+OPERATIONS = ROOT / "docs" / "operations.md"
+METRICS_SOURCE = ROOT / "service" / "metrics.py"
+METRIC_TYPES = {"Counter", "Gauge", "Histogram", "Summary", "Info", "Enum"}
+
+
+def _text(path: Path) -> str:
+    assert path.is_file(), f"{path.relative_to(ROOT)} is missing"
+    return path.read_text(encoding="utf-8")
+
+
+def _has_token(text: str, token: str) -> bool:
+    """``token`` appears as a whole name (VBS_STORE does not count inside VBS_STORE_POLL_S)."""
+    return re.search(rf"(?<![A-Za-z0-9_]){re.escape(token)}(?![A-Za-z0-9_])", text) is not None
+
+
+def _env_names() -> list[str]:
+    return [f"VBS_{name.upper()}" for name in Settings.model_fields]
+
+
+def _operations() -> list[tuple[str, str]]:
+    paths = create_app(Settings()).openapi()["paths"]
+    return [(method.upper(), path) for path, item in paths.items() for method in item]
+
+
+def _headings(text: str) -> list[str]:
+    return [line[3:] for line in text.splitlines() if line.startswith("## ")]
+
+
+def _metric_names() -> list[str]:
+    """The name (first argument) of every Counter, Gauge, Histogram made in service/metrics.py."""
+    names = []
+    for node in ast.walk(ast.parse(_text(METRICS_SOURCE))):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in METRIC_TYPES and node.args
+                and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            names.append(node.args[0].value)
+    return names
+
+
+@pytest.mark.parametrize("env", _env_names())
+def test_every_setting_is_in_operations(env: str) -> None:
+    assert _has_token(_text(OPERATIONS), env), f"docs/operations.md does not mention {env}"
+
+
+def test_operations_names_no_unknown_setting() -> None:
+    known = set(_env_names())
+    mentioned = set(re.findall(r"VBS_[A-Z0-9_]*[A-Z0-9]", _text(OPERATIONS)))
+    unknown = sorted(mentioned - known)
+    assert not unknown, f"docs/operations.md names settings that do not exist: {unknown}"
+
+
+def test_every_endpoint_has_a_section_in_api() -> None:
+    headings = _headings(_text(API))
+    documented = {item.strip() for h in headings for item in h.split(",")}
+    missing = [f"{m} {p}" for m, p in _operations() if f"{m} {p}" not in documented]
+    assert not missing, f"docs/api.md has no '## METHOD PATH' section for {missing}"
+
+
+def test_api_sections_name_real_endpoints() -> None:
+    real = set(_operations())
+    documented = {(m, p) for h in _headings(_text(API))
+                  for m, p in re.findall(r"\b(GET|POST|PUT|DELETE|PATCH) (/[^\s,]*)", h)}
+    extra = sorted(documented - real)
+    assert not extra, f"docs/api.md documents endpoints the app lacks: {extra}"
+
+
+def test_every_metric_is_in_operations() -> None:
+    names = _metric_names()
+    assert len(names) >= 10, f"found only {names} in service/metrics.py"
+    text = _text(OPERATIONS)
+    missing = [n for n in names if not _has_token(text, n)]
+    assert not missing, f"docs/operations.md does not mention the metrics {missing}"
