@@ -32,7 +32,9 @@ import torch
 from planner.errors import InfeasibleError, UsageError
 from planner.graph.capture import Capture
 from planner.solver.memory import format_bytes, parse_budgets, slots_down
-from planner.solver.program import Plan
+from planner.solver import baselines
+from planner.solver.model import build_instance
+from planner.solver.program import Plan, Step
 from planner.solver.simulate import simulate
 from planner.solver.solve import solve
 from planner.tree import Profile, iter_layers
@@ -275,8 +277,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     options = options_from(settings, batch_max=max(args.batch, args.batch_max or args.batch))
     profile, _ = cached_profile(cap, options, settings.profile_cache, progress=not args.json)
     ws = {layer.name: layer.ws for layer in iter_layers(profile.root)}
-    low = min(plan_splits(profile.root, ws, solve(profile, 1, 1 << 62, solver="fbs").program.steps, 1).peak,
-              10**18)
+    # From where fbs runs the request one sample at a time to where it runs it all at once.
+    inst = build_instance(profile)
+    one_by_one = [Step(u, c) for u, c in baselines.fbs_program(inst, 1, args.batch)]
+    low = plan_splits(profile.root, ws, one_by_one, args.batch).peak
     full = solve(profile, args.batch, 1 << 62, solver="fbs")
     high = plan_splits(profile.root, ws, full.program.steps, args.batch).peak
     budgets = parse_budgets(args.memory, low, high)
@@ -304,3 +308,40 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", help="write CSV, JSON and PNG plots here")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.set_defaults(func=cmd_bench)
+
+
+def markdown(data: dict[str, Any]) -> str:
+    """One `vbs bench --out` JSON file as the Markdown table of docs/benchmarks.md."""
+    rows, s = data["rows"], data["summary"]
+    strategies = [st for st in STRATEGIES if any(r["strategy"] == st for r in rows)]
+    out = [f"#### {s['model']} (r = {s['batch']}, {s['repeat']} interleaved rounds)", "",
+           "| budget (MiB) | " + " | ".join(f"{st} measured / predicted (ms)" for st in strategies)
+           + " | vbs vs fbs (measured) | vbs peak measured = predicted (MiB) |",
+           "|---" * (len(strategies) + 3) + "|"]
+    for budget in sorted({r["memory_budget"] for r in rows}):
+        cells, gain, peak = [], None, None
+        for st in strategies:
+            r = next(x for x in rows if x["memory_budget"] == budget and x["strategy"] == st)
+            if not r["feasible"]:
+                cells.append("infeasible")
+                continue
+            cells.append(f"{r['time_per_sample_measured'] * 1e3:.1f} / "
+                         f"{r['time_per_sample_predicted'] * 1e3:.1f}")
+            if st == "vbs":
+                gain = r["gain_over_fbs"]
+                peak = f"{r['peak_bytes_measured'] / 2**20:.1f} = {r['peak_bytes_predicted'] / 2**20:.1f}"
+        out.append(f"| {budget / 2**20:.1f} | " + " | ".join(cells) +
+                   f" | {f'{gain:.2f}x' if gain else '—'} | {peak or '—'} |")
+    out += ["", f"Plain `model(x)` {s['plain_model_time_per_sample'] * 1e3:.1f} ms/sample; the executor "
+            f"at a uniform batch of {s['batch']} {s['uniform_plan_time_per_sample'] * 1e3:.1f} ms/sample "
+            f"({100 * s['executor_overhead']:+.1f}%). MAPE of predicted time {s['time_mape']:.1f}%, "
+            f"of predicted peak {s['peak_mape']:.2f}% (of the solver's claimed peak "
+            f"{s['claimed_peak_mape']:.1f}%); runs over budget: {s['budget_exceeded']}.", ""]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":  # python -m workers.bench FILE.json ...: the Markdown of saved runs
+    import sys
+
+    for path in sys.argv[1:]:
+        print(markdown(json.loads(Path(path).read_text())))
