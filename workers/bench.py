@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from planner.errors import InfeasibleError, UsageError
+from planner.errors import InfeasibleError
 from planner.graph.capture import Capture
 from planner.solver.memory import format_bytes, parse_budgets, slots_down
 from planner.solver import baselines
@@ -89,10 +89,9 @@ def _peak_runner(device: torch.device) -> Callable[[list[tuple[str, Callable[[],
                 torch.cuda.synchronize(device)
                 torch.cuda.reset_peak_memory_stats(device)
                 base = torch.cuda.memory_allocated(device)
-                y = job()
+                job()
                 torch.cuda.synchronize(device)
                 out[label] = int(torch.cuda.max_memory_allocated(device) - base)
-                del y
             return out
         return cuda
 

@@ -13,7 +13,7 @@ from typing import Any, ContextManager
 import torch
 
 from planner.graph.capture import Capture
-from planner.tree import Layer, Node, Parallel, Series
+from planner.tree import Layer, Node, Series
 
 
 Around = Callable[[str], ContextManager[Any]]

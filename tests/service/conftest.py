@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -177,3 +177,10 @@ class Gate:
     def remove(self) -> None:
         self.open()
         self._entry.worker.infer = self._real
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerThread) -> Iterator[httpx.Client]:
+    """An HTTP client of the ``server`` fixture of the module that asks for it."""
+    with server.client() as c:
+        yield c

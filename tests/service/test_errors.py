@@ -44,12 +44,6 @@ def server(vbs_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         yield started
 
 
-@pytest.fixture(scope="module")
-def client(server: ServerThread) -> Iterator[httpx.Client]:
-    with server.client() as c:
-        yield c
-
-
 def x_(n: int = 1, shape: tuple[int, ...] = (3, 8, 8)) -> np.ndarray:
     return np.ones((n, *shape), dtype=np.float32)
 

@@ -25,12 +25,6 @@ def server(vbs_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         yield started
 
 
-@pytest.fixture(scope="module")
-def client(server: ServerThread) -> Iterator[httpx.Client]:
-    with server.client() as c:
-        yield c
-
-
 @pytest.fixture
 def entry(server: ServerThread):  # type: ignore[no-untyped-def]
     return server.app.state.registry.entries["tiny"]

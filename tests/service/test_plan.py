@@ -22,12 +22,6 @@ def server(vbs_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         yield started
 
 
-@pytest.fixture(scope="module")
-def client(server: ServerThread) -> Iterator[httpx.Client]:
-    with server.client() as c:
-        yield c
-
-
 def test_plan_matches_the_table_and_the_baselines(server: ServerThread, client: httpx.Client) -> None:
     entry = server.app.state.registry.entries["tiny"]
     table, profile = entry.table, entry.prepared.profile
