@@ -114,8 +114,9 @@ def _time(device: torch.device, fn: Callable[[], Any]) -> float:
 
 def run_bench(capture: Capture, profile: Profile, r: int, budgets: list[int], repeat: int,
               strategies: tuple[str, ...] = STRATEGIES, log: Callable[[str], None] = print
-              ) -> tuple[list[Row], dict[str, Any]]:
-    """Plan, run interleaved, and measure every (strategy, budget); returns rows and a summary."""
+              ) -> tuple[list[Row], dict[str, Any], dict[tuple[str, int], Plan]]:
+    """Plan, run interleaved, and measure every (strategy, budget); returns the rows, a
+    summary, and the plan that ran for every (strategy, budget)."""
     model = capture.model
     device = model.device
     ws = {layer.name: layer.ws for layer in iter_layers(profile.root)}
@@ -182,7 +183,7 @@ def run_bench(capture: Capture, profile: Profile, r: int, budgets: list[int], re
         "claimed_peak_mape": _mape([(r.peak_bytes_claimed, r.peak_bytes_measured) for r in done]),
         "budget_exceeded": sum(1 for r in done if (r.peak_bytes_measured or 0) > r.memory_budget),
     }
-    return rows, summary
+    return rows, summary, {(row.strategy, row.memory_budget): plan for row, plan, _ in configs}
 
 
 def _mape(pairs: list[tuple[Any, Any]]) -> float | None:
@@ -215,7 +216,8 @@ def render(rows: list[Row], summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(out: Path, rows: list[Row], summary: dict[str, Any], profile: Profile) -> None:
+def write_outputs(out: Path, rows: list[Row], summary: dict[str, Any], profile: Profile,
+                  plans: dict[tuple[str, int], Plan]) -> None:
     """CSV, JSON and the two plots."""
     import matplotlib
     matplotlib.use("Agg")
@@ -237,31 +239,32 @@ def write_outputs(out: Path, rows: list[Row], summary: dict[str, Any], profile: 
             xs, ms, ps = zip(*pts)
             line, = ax.plot(xs, ms, marker="o", label=f"{strategy} measured")
             ax.plot(xs, ps, linestyle="--", color=line.get_color(), alpha=0.6, label=f"{strategy} predicted")
-    ax.set_xlabel("memory budget (MiB)")
-    ax.set_ylabel("time per sample (ms)")
-    ax.set_title(f"{name}, request of {summary['batch']} on {summary['device']}")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / f"{name}-time-vs-memory.png", dpi=120)
-    plt.close(fig)
-    # Figure 9: the largest batch of every unit in the vbs plan at every budget.
+    _save(plt, fig, ax, "memory budget (MiB)", "time per sample (ms)",
+          f"{name}, request of {summary['batch']} on {summary['device']}",
+          out / f"{name}-time-vs-memory.png")
+    # Figure 9: the largest batch of every unit in the vbs plan that ran at every budget.
     vbs = [r for r in rows if r.strategy == "vbs" and r.feasible]
     if vbs:
         fig, ax = plt.subplots(figsize=(max(7, len(list(iter_layers(profile.root))) * 0.08), 4))
         names = [layer.name for layer in iter_layers(profile.root)]
         for row in vbs:
-            plan = solve(profile, row.batch, row.memory_budget, solver="vbs")
-            sim = simulate(profile, plan.program, row.batch, row.memory_budget, slot_bytes=plan.slot_bytes)
+            plan = plans[(row.strategy, row.memory_budget)]
+            sim = simulate(profile, plan.program, row.batch, plan.budget_bytes, slot_bytes=plan.slot_bytes)
             batch_of = {u.name: max(u.batches, default=0) for u in sim.units}
             ax.plot(range(len(names)), [batch_of.get(n, 0) for n in names], marker=".",
                     label=format_bytes(row.memory_budget))
-        ax.set_xlabel("unit (execution order)")
-        ax.set_ylabel("largest batch size")
-        ax.set_title(f"{name}: vbs batch size per unit")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / f"{name}-batch-per-unit.png", dpi=120)
-        plt.close(fig)
+        _save(plt, fig, ax, "unit (execution order)", "largest batch size",
+              f"{name}: vbs batch size per unit", out / f"{name}-batch-per-unit.png")
+
+
+def _save(plt: Any, fig: Any, ax: Any, xlabel: str, ylabel: str, title: str, path: Path) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -284,9 +287,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     high = plan_splits(profile.root, ws, full.program.steps, args.batch).peak
     budgets = parse_budgets(args.memory, low, high)
     log = (lambda _m: None) if args.json else (lambda m: print(m, file=sys.stderr))
-    rows, summary = run_bench(cap, profile, args.batch, budgets, args.repeat, log=log)
+    rows, summary, plans = run_bench(cap, profile, args.batch, budgets, args.repeat, log=log)
     if args.out:
-        write_outputs(Path(args.out), rows, summary, profile)
+        write_outputs(Path(args.out), rows, summary, profile, plans)
     if args.json:
         print(json.dumps([asdict(r) for r in rows], indent=1))
     else:
