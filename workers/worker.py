@@ -25,7 +25,7 @@ from planner.solver.table import PlanTable
 from planner.tree import Profile, iter_layers
 from workers.executor import execute
 from workers.memory import MemoryProbe
-from workers.walk import BufferPlan, plan_splits
+from workers.walk import BufferPlan, executor_peak, plan_splits
 
 log = logging.getLogger("vbs.worker")
 
@@ -80,6 +80,7 @@ class Worker:
         self.stats = WorkerStats()
         self._ws = {layer.name: layer.ws for layer in iter_layers(profile.root)}
         self._buffers: dict[tuple[str, int], BufferPlan] = {}
+        self._walks: dict[tuple[str, int], BufferPlan] = {}
         self._lock = threading.Lock()
         self.table = table
 
@@ -94,6 +95,7 @@ class Worker:
             raise UsageError(f"the table plans up to {table.batch_max} samples but the profile "
                              f"only measured {self.profile.batch_max}")
         self._table = table
+        self._plans: dict[int, list[Plan]] = {}  # per request size, by descending breakpoint
 
     @property
     def batch_max(self) -> int:
@@ -104,27 +106,51 @@ class Worker:
         return self.profile.root.in_bytes
 
     def buffers(self, plan: Plan) -> BufferPlan:
-        """How the executor lays out ``plan`` (cached: plans repeat)."""
+        """How the executor lays out ``plan`` at its lowest peak, splits included (cached)."""
+        return self._cached(self._buffers, plan, lambda: plan_splits(
+            self.profile.root, self._ws, plan.program.steps, plan.batch))
+
+    def _plain(self, plan: Plan) -> BufferPlan:
+        """The executor's layout of ``plan`` without splits: one walk (cached)."""
+        def walk() -> BufferPlan:
+            peak = executor_peak(self.profile.root, self._ws, plan.program.steps, plan.batch)
+            return BufferPlan({}, peak, peak)
+        return self._cached(self._walks, plan, walk)
+
+    def _cached(self, cache: dict[tuple[str, int], BufferPlan], plan: Plan,
+                make: Callable[[], BufferPlan]) -> BufferPlan:
         key = (plan.plan_id, plan.batch)
         with self._lock:
-            found = self._buffers.get(key)
+            found = cache.get(key)
         if found is None:
-            found = plan_splits(self.profile.root, self._ws, plan.program.steps, plan.batch)
+            found = make()
             with self._lock:
-                self._buffers[key] = found
+                cache[key] = found
         return found
 
     def choose(self, r: int, free: int) -> Choice:
-        """The fastest plan of r samples whose executor peak fits in ``free`` bytes."""
-        # Plans by descending breakpoint are ever slower; the executor peak (exact, in bytes)
-        # decides what fits, not the breakpoint (in whole slots, every size rounded up, and
-        # counting the request, which is allocated already and so not part of ``free``).
+        """The fastest plan of r samples whose executor peak fits in ``free`` bytes.
+
+        Plans by descending breakpoint are ever slower. A plan whose claimed exact peak is
+        above what is free (plus the request, which the solver counts and which is allocated
+        already) is passed over without a walk; the others are walked, plainly first, and
+        with the split search (many walks) only when the plain layout does not fit. Every
+        answer is cached, so a request size costs its walks once per table.
+        """
+        ceiling = free + self.request_bytes_per_sample * r
+        plans = self._plans.get(r)
+        if plans is None:  # building Plans from the table is not free: once per table and r
+            plans = [plan for _, plan in reversed(self._table.plans_for(r))]
+            self._plans[r] = plans
         smallest = None
-        for _breakpoint, plan in reversed(self._table.plans_for(r)):
-            buffers = self.buffers(plan)
-            if buffers.peak <= free:
-                return Choice(plan, buffers, free)
-            smallest = buffers.peak if smallest is None else min(smallest, buffers.peak)
+        for k, plan in enumerate(plans):
+            if plan.peak_bytes > ceiling and k < len(plans) - 1:
+                continue
+            for layout in (self._plain, self.buffers):
+                buffers = layout(plan)
+                if buffers.peak <= free:
+                    return Choice(plan, buffers, free)
+                smallest = buffers.peak if smallest is None else min(smallest, buffers.peak)
         smallest = smallest or 0
         raise InfeasibleError(f"{self.capture.model.spec.name}: no plan of {r} samples fits in "
                               f"{free} free bytes; the smallest needs {smallest}, "
