@@ -290,21 +290,18 @@ def save_profile(profile: Profile, path: str | Path) -> None:
 # --------------------------------------------------------------------------- text
 
 
-def _kib(n: int) -> str:
-    return f"{n / 1024:,.1f} KiB"
-
-
 def render(node: Node, depth: int = 0) -> list[str]:
     """The tree as indented lines: kind, name, and bytes per sample in and out."""
+    from planner.solver.memory import format_bytes  # light: no numba
     pad = "  " * depth
     if isinstance(node, Layer):
         tag = "opaque " if node.kind == "opaque" else ""
-        return [f"{pad}{tag}{node.name}  in {_kib(node.in_bytes)}  out {_kib(node.out_bytes)}"]
+        return [f"{pad}{tag}{node.name}  in {format_bytes(node.in_bytes)}  out {format_bytes(node.out_bytes)}"]
     if isinstance(node, Series):
         if not node.children:
             return [f"{pad}{node.name}  (identity)"]
         head = [f"{pad}{node.name}  series of {len(node.children)}"]
         return head + [line for c in node.children for line in render(c, depth + 1)]
     head = [f"{pad}{node.name}  parallel x{len(node.branches)} join={node.join}  "
-            f"in {_kib(node.in_bytes)}  out {_kib(node.out_bytes)}"]
+            f"in {format_bytes(node.in_bytes)}  out {format_bytes(node.out_bytes)}"]
     return head + [line for b in node.branches for line in render(b, depth + 1)]

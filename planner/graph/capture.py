@@ -26,7 +26,7 @@ from torch import fx, nn
 
 from planner.errors import ModelError, TraceError
 from planner.graph.decompose import DItem, DOp, DOpaque, DParallel, DSeries, decompose, walk_vertices
-from planner.graph.inspect import PARTS, BatchInspector, NodeInfo, describe, memory_format
+from planner.graph.inspect import PARTS, BatchInspector, NodeInfo, describe, batch_buffer
 from planner.models import LoadedModel
 from planner.tree import Layer, Parallel, Series
 
@@ -65,8 +65,7 @@ class Unit:
 
     def empty(self, like: torch.Tensor, samples: int) -> torch.Tensor:
         """An output buffer for ``samples`` samples, in the layout the model uses."""
-        return torch.empty((samples, *self.out_shape), dtype=like.dtype, device=like.device,
-                           memory_format=memory_format(self.out_shape, self.channels_last))
+        return batch_buffer(like, samples, self.out_shape, self.channels_last)
 
 
 @dataclass(frozen=True)
@@ -84,9 +83,7 @@ class Join:
 
     def empty(self, like: torch.Tensor, samples: int) -> torch.Tensor:
         """A join buffer for ``samples`` samples, in the layout the model uses."""
-        shape = (samples, *self.out_shape)
-        return torch.empty(shape, dtype=like.dtype, device=like.device,
-                           memory_format=memory_format(self.out_shape, self.channels_last))
+        return batch_buffer(like, samples, self.out_shape, self.channels_last)
 
     def fold(self, out: torch.Tensor, fork: torch.Tensor, y: torch.Tensor | None, branch: int,
              first: bool) -> None:

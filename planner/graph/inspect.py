@@ -57,11 +57,14 @@ def _channels_last(t: torch.Tensor) -> bool:
     return t.is_contiguous(memory_format=fmt)
 
 
-def memory_format(shape: tuple[int, ...], channels_last: bool) -> torch.memory_format:
-    """The memory format of a batch of tensors with per-sample ``shape``."""
-    if not channels_last:
-        return torch.contiguous_format
-    return torch.channels_last if len(shape) == 3 else torch.channels_last_3d
+def batch_buffer(like: torch.Tensor, samples: int, shape: tuple[int, ...],
+                 channels_last: bool) -> torch.Tensor:
+    """An empty buffer of ``samples`` samples of per-sample ``shape``, with ``like``'s dtype and
+    device, in the layout the model gives that tensor (so later ops pick the same kernels)."""
+    fmt = torch.contiguous_format
+    if channels_last:
+        fmt = torch.channels_last if len(shape) == 3 else torch.channels_last_3d
+    return torch.empty((samples, *shape), dtype=like.dtype, device=like.device, memory_format=fmt)
 
 
 def _tolerance(dtype: torch.dtype) -> tuple[float, float]:
