@@ -1,14 +1,16 @@
 """``vbs plan`` and ``vbs show``: tables into the store, and one plan beside the baselines.
 
     vbs plan [--model [ALIAS=]NAME[@C,H,W] ...] --batch-max B [--store redis://...|DIR]
-             [--solver vbs] [--grid] [--replan]
+             [--solver vbs] [--objective time] [--grid] [--replan]
     vbs show --model NAME --memory 30MB --batch 12 [--store ...]
     vbs show --model NAME --memory 10MB:60MB:10MB --batch 12      (a sweep over budgets)
 
 ``plan`` = profile (cached) + solve + publish, for every model (or VBS_MODELS): the one-shot
-job of docker compose and the Kubernetes planner Job. ``show`` prints the table's plan for a
-budget and request size with vbs, paper, greedy and fbs side by side, the gain, and per unit
-the batch sizes of its phases and the memory left unused (the paper's Table III).
+job of docker compose and the Kubernetes planner Job. It stores the served solver's table and
+those of the strategies compared with it (paper, greedy, fbs, fbs-best). ``show`` prints, from
+those tables, the plan for a budget and request size of every strategy side by side, vbs's
+gain over each (the headline against fbs-best), and per unit the batch sizes of its phases and
+the memory left unused (the paper's Table III).
 """
 
 from __future__ import annotations
@@ -53,12 +55,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         for served, spec in _specs(args, settings):
             prepared = prepare(spec, settings, store, batch_max=args.batch_max,
                                solver=args.solver or settings.solver,
+                               objective=args.objective or settings.objective,
                                grid=args.grid, replan=args.replan, progress=not args.quiet)
             table = prepared.table
             how = "solved and published" if prepared.published else "already in the store"
-            print(f"{served}: table {prepared.fingerprint} ({table.solver}, r = 1..{table.batch_max}, "
-                  f"{len(table.plans)} plans, slots of {table.slot_bytes} B) {how} at "
-                  f"{settings.store_location}")
+            others = ", ".join(f"{s} {len(t.plans)}" for s, t in prepared.tables.items()
+                               if s != table.solver)
+            print(f"{served}: table {prepared.table_id} (r = 1..{table.batch_max}, "
+                  f"{len(table.plans)} plans; also {others}) {how} at {settings.store_location}")
     finally:
         store.close()
     return 0
@@ -66,11 +70,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from planner.cli import settings_from
-    from planner.errors import InfeasibleError
     from planner.pipeline import prepare
-    from planner.solver.compare import compare, render, render_sweep, sweep
+    from planner.solver.compare import budget_range, compare, render, render_sweep, sweep
     from planner.solver.memory import parse_budgets, parse_bytes
-    from planner.solver.solve import solve
     from planner.store import open_store
 
     settings = settings_from(args)
@@ -79,25 +81,17 @@ def cmd_show(args: argparse.Namespace) -> int:
     try:
         prepared = prepare(spec, settings, store, batch_max=max(args.batch_max or settings.batch_max,
                                                                 args.batch),
-                           solver=args.solver or settings.solver, progress=not args.quiet)
+                           solver=args.solver or settings.solver,
+                           objective=args.objective or settings.objective, progress=not args.quiet)
     finally:
         store.close()
-    table = prepared.table
     if any(c in args.memory for c in ":,") or args.memory.startswith("auto"):
-        # A sweep: from the least any plan of one sample needs to where every unit runs at r.
-        top = solve(prepared.profile, args.batch, 1 << 62, solver="fbs").peak_bytes
-        low = solve(prepared.profile, 1, 1 << 62, solver="fbs").peak_bytes
-        budgets = parse_budgets(args.memory, low, top)
-        print(render_sweep(sweep(prepared.profile, args.batch, budgets, slot_bytes=table.slot_bytes),
-                           title=served))
+        # A sweep: from where fbs-best runs one sample at a time to where fbs runs r at once.
+        low, high = budget_range(prepared.tables, args.batch)
+        budgets = parse_budgets(args.memory, low, high)
+        print(render_sweep(sweep(prepared.tables, args.batch, budgets), title=served))
         return 0
-    budget = parse_bytes(args.memory)
-    plans = {}
-    try:
-        plans[table.solver] = table.lookup(args.batch, budget)
-    except InfeasibleError:
-        pass
-    result = compare(prepared.profile, args.batch, budget, slot_bytes=table.slot_bytes, plans=plans)
+    result = compare(prepared.tables, args.batch, parse_bytes(args.memory))
     print(render(result, title=served))
     return 0
 
@@ -111,8 +105,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"])
     p.add_argument("--cache-dir", help="where profiles are cached (default: VBS_CACHE_DIR)")
     p.add_argument("--store", help="redis://[:password@]host:port/db or a directory (default: VBS_STORE)")
-    p.add_argument("--solver", choices=["vbs", "paper", "fbs", "greedy"],
-                   help="default: VBS_SOLVER (vbs)")
+    p.add_argument("--solver", choices=["vbs", "paper", "fbs", "fbs-best", "greedy"],
+                   help="the served solver (default: VBS_SOLVER, vbs)")
+    p.add_argument("--objective", choices=["time", "energy"],
+                   help="what the tables minimise (default: VBS_OBJECTIVE, time)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -126,7 +122,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--replan", action="store_true", help="solve again even if the store has the table")
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("show", help="one plan beside paper, greedy and fbs, per unit (Table III)")
+    p = sub.add_parser("show", help="one plan beside paper, greedy, fbs and fbs-best, per unit "
+                                    "(Table III)")
     _common(p)
     p.add_argument("--memory", required=True,
                    help="budget: bytes or 30MB, 1.5GiB; or a sweep: 10MB:60MB:10MB, a list, auto[:N]")

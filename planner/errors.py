@@ -14,7 +14,8 @@ callers only ever catch these::
     │   ├── InfeasibleError         no schedule fits the memory budget
     │   └── InvalidProgramError     a program breaks the model of memory or its order
     ├── StoreError              the plan store cannot be reached or holds bad data
-    │   └── TableNotFoundError      no table is stored for a fingerprint
+    │   ├── TableNotFoundError      no table is stored for a fingerprint
+    │   └── TableFormatError        a stored table is of an old schema or malformed
     └── ExecutionError          a plan failed while running on the device
         └── OutOfMemoryError        the device ran out of memory running a plan
 """
@@ -64,6 +65,10 @@ class StoreError(VbsError):
 
 class TableNotFoundError(StoreError):
     """No plan table is stored for the requested fingerprint."""
+
+
+class TableFormatError(StoreError):
+    """A stored plan table is of an old schema or malformed: re-plan it (retrying cannot help)."""
 
 
 class ExecutionError(VbsError):

@@ -1,9 +1,13 @@
-"""Model → capture → profile (cached) → plan table → store: what `vbs plan` and workers share.
+"""Model → capture → profile (cached) → plan tables → store: what `vbs plan` and workers share.
 
-``prepare`` gives everything a worker needs for one model. The table is looked up in the
-store by the profile's fingerprint (architecture, input shape, dtype, device, library
-versions), so each kind of device gets its own tables; when the store has none, the model is
-profiled (or the cached profile reused) and solved, and the table is published.
+``prepare`` gives everything a worker needs for one model. Tables are looked up in the store
+by table id: the profile's fingerprint (architecture, input shape, dtype, device, library
+versions), the solver and the objective, so each kind of device and each solver gets its own
+tables. Besides the served solver's table, ``vbs plan`` stores the tables of every strategy
+compared with it (``COMPARED``: the paper's DP and the baselines), so that /plan, `vbs show`
+and `vbs bench` answer side by side from lookups. When the store lacks one of them, or holds
+one it cannot read (an old schema, a damaged blob), the model is profiled (or the cached
+profile reused), solved and the tables published.
 """
 
 from __future__ import annotations
@@ -14,36 +18,49 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from planner.errors import TableNotFoundError
+from planner.errors import TableFormatError, TableNotFoundError
 from planner.graph.capture import Capture, capture
 from planner.models import ModelSpec, apply_threads, load_model
 from planner.profiling.profiler import ProfileOptions, cached_profile, fingerprint
 from planner.settings import Settings
-from planner.solver.table import PlanTable, build_table
+from planner.solver.table import PlanTable, build_tables
 from planner.store import PlanStore
+from planner.store.keys import table_id
 from planner.tree import Profile, profile_from_json, profile_to_json
 
 log = logging.getLogger("vbs.plan")
 
+# Every strategy `vbs plan` stores a table for: the served one and what it is compared with.
+COMPARED = ("vbs", "paper", "greedy", "fbs", "fbs-best")
+
 
 @dataclass(frozen=True)
 class Prepared:
-    """A model ready to serve: its units, profile and plan table."""
+    """A model ready to serve: its units, profile and plan tables (the served one and the rest)."""
 
     capture: Capture
     profile: Profile
-    table: PlanTable
-    published: bool  # the table was solved now (not read from the store)
+    tables: dict[str, PlanTable]
+    solver: str
+    published: bool  # the tables were solved now (not read from the store)
+
+    @property
+    def table(self) -> PlanTable:
+        return self.tables[self.solver]
 
     @property
     def fingerprint(self) -> str:
         return self.profile.fingerprint
 
+    @property
+    def table_id(self) -> str:
+        return table_id(self.fingerprint, self.solver, self.table.objective)
 
-def model_key(spec: ModelSpec) -> str:
-    """The name a model's current table is found under in the store."""
+
+def model_key(spec: ModelSpec, solver: str, objective: str) -> str:
+    """The name a model's current table of one solver and objective is found under."""
     shape = "x".join(map(str, spec.input_shape)) if spec.input_shape else "default"
-    return f"{spec.name}:{shape}:{spec.dtype}:{spec.device}"
+    return f"{spec.name}:{shape}:{spec.dtype}:{spec.device}:{solver}:{objective}"
 
 
 def options_from(settings: Settings, batch_max: int | None = None, grid: bool = False) -> ProfileOptions:
@@ -51,48 +68,70 @@ def options_from(settings: Settings, batch_max: int | None = None, grid: bool = 
                           warmup=settings.profile_warmup, grid=grid)
 
 
-def _read(store: PlanStore, fp: str) -> tuple[Profile, PlanTable] | None:
-    try:
-        stored = store.get_table(fp)
-    except TableNotFoundError:
-        return None
+def strategies(solver: str) -> tuple[str, ...]:
+    """The served solver first, then every other compared strategy."""
+    return (solver, *[s for s in COMPARED if s != solver])
+
+
+def read(store: PlanStore, fp: str, solvers: tuple[str, ...], objective: str
+         ) -> tuple[Profile, dict[str, PlanTable]] | None:
+    """The profile and every table of ``solvers`` from the store, or None when one is missing
+    or cannot be read (it is then planned again)."""
+    tables = {}
+    for solver in solvers:
+        tid = table_id(fp, solver, objective)
+        try:
+            tables[solver] = PlanTable.from_bytes(store.get_table(tid).blob)
+        except TableNotFoundError:
+            return None
+        except TableFormatError as exc:
+            log.warning("table %s in %s cannot be used, planning it again: %s", tid,
+                        store.location, exc)
+            return None
     raw_profile = store.get_profile(fp)
     if raw_profile is None:
         return None
-    return profile_from_json(json.loads(raw_profile)), PlanTable.from_bytes(stored.blob)
+    return profile_from_json(json.loads(raw_profile)), tables
 
 
-def publish(store: PlanStore, spec: ModelSpec, profile: Profile, table: PlanTable,
-            extra: dict[str, Any] | None = None) -> int:
-    """Put a profile and its table in the store (announced to workers); returns the version."""
+def publish(store: PlanStore, spec: ModelSpec, profile: Profile, tables: dict[str, PlanTable],
+            extra: dict[str, Any] | None = None) -> dict[str, int]:
+    """Put a profile and its tables in the store (each announced to workers), the first of
+    ``tables`` last, so a worker woken by its announcement finds the others; returns versions."""
     fp = profile.fingerprint
     store.put_profile(fp, json.dumps(profile_to_json(profile)).encode())
-    meta = {"model": spec.name, "solver": table.solver, "batch_max": table.batch_max,
-            "slot_bytes": table.slot_bytes, "device": profile.meta.get("device_name"),
-            **(extra or {})}
-    return store.put_table(fp, table.to_bytes(), meta, model_key=model_key(spec))
+    versions = {}
+    for solver, table in reversed(list(tables.items())):
+        meta = {"model": spec.name, "solver": solver, "objective": table.objective,
+                "batch_max": table.batch_max, "slot_bytes": table.slot_bytes,
+                "fingerprint": fp, "device": profile.meta.get("device_name"), **(extra or {})}
+        versions[solver] = store.put_table(table_id(fp, solver, table.objective), table.to_bytes(),
+                                           meta, model_key=model_key(spec, solver, table.objective))
+    return versions
 
 
 def prepare(spec: ModelSpec, settings: Settings, store: PlanStore, *, batch_max: int | None = None,
-            solver: str = "vbs", grid: bool = False, replan: bool = False,
-            progress: bool = True) -> Prepared:
-    """Capture a model and get its table: from the store, or profiled, solved and published."""
+            solver: str = "vbs", objective: str = "time", grid: bool = False,
+            replan: bool = False, progress: bool = True) -> Prepared:
+    """Capture a model and get its tables: from the store, or profiled, solved and published."""
     apply_threads(settings.threads)
     cap = capture(load_model(spec))
     options = options_from(settings, batch_max, grid)
     fp = fingerprint(cap, options)
+    wanted = strategies(solver)
     if not replan:
-        found = _read(store, fp)
-        if found is not None and found[1].solver == solver:
-            log.info("%s: table %s read from the store", spec.name, fp)
-            return Prepared(cap, found[0], found[1], published=False)
+        found = read(store, fp, wanted, objective)
+        if found is not None:
+            log.info("%s: tables of %s read from the store", spec.name, fp)
+            return Prepared(cap, found[0], found[1], solver, published=False)
     log.info("%s: profiling (b = 1..%d) and planning; this takes a while once", spec.name,
              options.batch_max)
     profile, hit = cached_profile(cap, options, settings.profile_cache, progress=progress)
     t0 = time.perf_counter()
-    slot_bytes = settings.slot_bytes or None
-    table = build_table(profile, solver=solver, slot_bytes=slot_bytes, slot_count=settings.slot_count)
+    tables = build_tables(profile, wanted, objective=objective,
+                          slot_bytes=settings.slot_bytes or None, slot_count=settings.slot_count)
     solve_s = time.perf_counter() - t0
-    publish(store, spec, profile, table, {"solve_s": round(solve_s, 3), "profile_cached": hit})
-    log.info("%s: table %s solved in %.2f s and published", spec.name, fp, solve_s)
-    return Prepared(cap, profile, table, published=True)
+    publish(store, spec, profile, tables, {"solve_s": round(solve_s, 3), "profile_cached": hit})
+    log.info("%s: %d tables of %s solved in %.2f s and published", spec.name, len(tables), fp,
+             solve_s)
+    return Prepared(cap, profile, tables, solver, published=True)

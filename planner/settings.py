@@ -92,8 +92,11 @@ class Settings(BaseSettings):
     weights: Path | None = Field(
         default=None, description="a state_dict file (read with weights_only=True) loaded into the "
                                   "served model(s); default: random weights")
-    solver: Literal["vbs", "paper", "fbs", "greedy"] = Field(
+    solver: Literal["vbs", "paper", "fbs", "fbs-best", "greedy"] = Field(
         default="vbs", description="solver of the tables the service asks the store for")
+    objective: Literal["time", "energy"] = Field(
+        default="time", description="what the tables minimise: time, or energy where profiles "
+                                    "carry measured energy")
     api_key: SecretStr | None = Field(
         default=None, description="when set, inference and /plan need 'Authorization: Bearer KEY'")
     max_batch_delay_ms: float = Field(default=5.0, ge=0, le=60_000,

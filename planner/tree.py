@@ -87,6 +87,17 @@ class Profile:
     def fingerprint(self) -> str:
         return str(self.meta.get("fingerprint", ""))
 
+    @property
+    def granule(self) -> int:
+        """Bytes the device's allocator rounds every allocation up to (512 for CUDA's caching
+        allocator, 1 on CPU): from ``meta["alloc_granule"]``, else from ``meta["device"]``."""
+        from planner.solver.memory import granule_for
+
+        given = self.meta.get("alloc_granule")
+        if isinstance(given, int) and not isinstance(given, bool) and given >= 1:
+            return given
+        return granule_for(str(self.meta.get("device", "cpu")))
+
 
 # --------------------------------------------------------------------------- walking
 

@@ -10,8 +10,9 @@ every future of its batch. While a batch runs, new requests wait in the queue, s
 the next batch is gathered at once.
 
 The gather limit is the table's largest request size (``worker.batch_max``); with a latency
-target it is the request size of ``table.largest_batch_within(free, target)`` (the paper's
-latency bound), re-read in the worker thread after every batch. A request larger than the
+target it is ``table.largest_batch_within(free, target)`` (the paper's latency bound: the
+largest request size whose plan finishes in time), re-read in the worker thread after every
+batch. A request larger than the
 limit runs as a batch of its own (the worker splits it along the table's sizes).
 
 Closing drains: requests already accepted are run and answered; new ones get 503.
@@ -229,10 +230,11 @@ class Batcher:
             m.oom_retries.labels(self.name).inc(info.oom_retries)
         if info.splits:
             m.splits.labels(self.name).inc(info.splits)
+        for choice in info.choices:
+            m.choice_time.labels(self.name).observe(choice.seconds)
         if info.choices:
             last = info.choices[-1]
             m.free_memory.labels(self.name).set(last.free_bytes)
-            m.plan_budget.labels(self.name).set(last.plan.budget_bytes)
             m.plan_peak.labels(self.name).set(last.peak_bytes)
         offset = 0
         for p in batch:
@@ -264,11 +266,10 @@ class Batcher:
         if self.latency_target_s is None:
             return self.worker.batch_max
         try:
-            plan = self.worker.table.largest_batch_within(self.worker.probe.free(),
+            return self.worker.table.largest_batch_within(self.worker.probe.free(),
                                                           self.latency_target_s)
         except InfeasibleError:
             return 1
-        return plan.batch
 
     def _fail_waiting(self, exc: Exception) -> None:
         pending = [self._carry] if self._carry is not None else []

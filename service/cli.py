@@ -41,7 +41,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--batch-max", type=_positive, help="largest request size planned (default 16)")
     p.add_argument("--device", choices=["cpu", "cuda"])
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
-    p.add_argument("--solver", choices=["vbs", "paper", "fbs", "greedy"])
+    p.add_argument("--solver", choices=["vbs", "paper", "fbs", "fbs-best", "greedy"])
     p.add_argument("--max-batch-delay-ms", type=float, help="longest wait to gather a batch")
     p.add_argument("--latency-target", type=_seconds, help="gather only what a plan runs within "
                                                            "this many seconds")

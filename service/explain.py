@@ -1,11 +1,11 @@
-"""``GET /plan``: the table's plan for a budget and request size, beside the paper's baselines.
+"""``GET /plan``: the served table's plan for a budget and request size, beside every strategy
+it is compared with, read from their tables.
 
-For the model's current table: the plan ``table.lookup(r, budget)`` gives, replayed by the
-simulator (``planner.solver.simulate``) to show, per unit, the batch size of each of its phases
-and the memory left unused while each ran; its predicted time per sample and throughput; and
-the same for FBS and Greedy-VBS solved on the same profile with the table's slot size, and the
-gain over each. Answers are cached per model (they depend only on the table). Runs in a
-thread: solving can take a while for a large model.
+Every answer is lookups: each strategy's table (``vbs plan`` stored them all) gives its plan
+for the budget by binary search; the plan's description (program, per unit the batch size of
+each phase and the most held while it ran) is built once per (table, plan) and cached, and
+only what depends on the budget (memory left unused) is added per request. No solver and no
+walk runs here. An infeasible budget says how much the smallest plan of that strategy needs.
 """
 
 from __future__ import annotations
@@ -13,56 +13,55 @@ from __future__ import annotations
 from typing import Any
 
 from planner.errors import InfeasibleError
-from planner.solver.compare import Outcome, compare
-from planner.solver.model import build_instance
+from planner.solver.compare import BASELINE, STRATEGIES, unit_uses
+from planner.solver.table import PlanTable
 from service.registry import ModelEntry
 
-BASELINES = ("fbs", "greedy")
+
+def _described(entry: ModelEntry, table: PlanTable, index: int, r: int) -> dict[str, Any]:
+    """The budget-free part of plan ``index`` of ``table`` (cached per table and plan)."""
+    def build() -> dict[str, Any]:
+        tp = table.plans[index]
+        return {"plan_id": tp.plan_id, "time_total_s": tp.time_total,
+                "time_per_sample_s": tp.time_total / r,
+                "throughput_per_s": r / tp.time_total if tp.time_total > 0 else None,
+                "peak_bytes": tp.peak_bytes, "model_peak_bytes": tp.model_peak_bytes,
+                "units": [{"unit": u.name, "batches": list(u.batches), "need_bytes": u.need_bytes}
+                          for u in unit_uses(table, index)],
+                "program": table.program(index).to_json()}
+    return entry.cached(("plan", id(table), index), build)
 
 
-def _instance(entry: ModelEntry, objective: str) -> Any:
-    return entry.cached(("instance", id(entry.prepared.profile), objective),
-                        lambda: build_instance(entry.prepared.profile, objective))
+def _answer(entry: ModelEntry, table: PlanTable, r: int, budget: int) -> dict[str, Any]:
+    try:
+        index = table.find(r, budget)
+    except InfeasibleError as exc:
+        least = int(table.min_peaks[r - 1])
+        return {"feasible": False, "solver": table.solver, "reason": " ".join(str(exc).split()),
+                "needs_bytes": least if len(table.row(r).peaks) else None}
+    base = _described(entry, table, index, r)
+    return {"feasible": True, "solver": table.solver, **base,
+            "breakpoint_bytes": base["peak_bytes"],
+            "unused_bytes": budget - base["peak_bytes"],
+            "units": [{**u, "unused_bytes": budget - u["need_bytes"]} for u in base["units"]]}
 
 
-def _describe(o: Outcome, r: int, budget: int) -> dict[str, Any]:
-    if o.plan is None or o.simulation is None:
-        return {"feasible": False, "solver": o.solver, "reason": o.reason}
-    plan = o.plan
-    return {
-        "feasible": True, "solver": plan.solver, "plan_id": plan.plan_id,
-        "time_total_s": plan.time_total, "time_per_sample_s": plan.time_per_sample,
-        "throughput_per_s": r / plan.time_total if plan.time_total > 0 else None,
-        "peak_bytes": plan.peak_bytes, "breakpoint_bytes": plan.budget_bytes,
-        "unused_bytes": budget - plan.peak_bytes,
-        "units": [{"unit": u.name, "batches": list(u.batches), "unused_bytes": list(u.unused_bytes)}
-                  for u in o.simulation.units],
-        "program": plan.program.to_json(),
-    }
+def _gain(ours: dict[str, Any], other: dict[str, Any]) -> float | None:
+    if not (ours["feasible"] and other["feasible"]) or ours["time_total_s"] <= 0:
+        return None
+    return other["time_total_s"] / ours["time_total_s"]
 
 
 def explain(entry: ModelEntry, r: int, budget: int) -> dict[str, Any]:
-    """The /plan answer for ``r`` samples within ``budget`` bytes (cached per table)."""
-    table = entry.table
-    key = ("plan", id(table), r, budget)
-    return entry.cached(key, lambda: _explain(entry, table, r, budget))
-
-
-def _explain(entry: ModelEntry, table: Any, r: int, budget: int) -> dict[str, Any]:
-    inst = _instance(entry, table.objective)
-    plans = {}
-    try:
-        plans[table.solver] = table.lookup(r, budget)
-    except InfeasibleError:
-        pass  # compare() solves it again and says why nothing fits
-    solvers = (table.solver, *[s for s in BASELINES if s != table.solver])
-    cmp = compare(inst, r, budget, slot_bytes=table.slot_bytes, solvers=solvers,
-                  objective=table.objective, plans=plans)
-    ours = _describe(cmp.outcome(table.solver), r, budget)
-    return {"model": entry.name, "fingerprint": entry.fingerprint,
-            "table_version": entry.table_version, "table_solver": table.solver,
-            "slot_bytes": table.slot_bytes, "batch": r, "memory_budget": budget,
-            "plan": ours,
-            **{s: _describe(cmp.outcome(s), r, budget) if s != table.solver else ours
-               for s in BASELINES},
-            "gain": {s: cmp.gain(table.solver, s) for s in BASELINES}}
+    """The /plan answer for ``r`` samples within ``budget`` bytes, from the tables alone."""
+    tables = entry.tables
+    served = entry.table
+    ours = _answer(entry, served, r, budget)
+    others = {s: _answer(entry, tables[s], r, budget) for s in STRATEGIES
+              if s in tables and s != served.solver}
+    return {"model": entry.name, "fingerprint": entry.fingerprint, "table_id": entry.table_id,
+            "table_version": entry.table_version, "table_solver": served.solver,
+            "objective": served.objective, "batch": r, "memory_budget": budget,
+            "plan": ours, **others,
+            "gain": {s: _gain(ours, other) for s, other in others.items()},
+            "baseline": BASELINE}

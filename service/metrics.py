@@ -15,6 +15,7 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                    30.0, 60.0)
+CHOICE_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 ENDPOINTS = ("infer", "v2_infer", "plan", "models", "health", "metrics", "other")
 NO_MODEL = "-"
@@ -44,10 +45,11 @@ class Metrics:
         self.samples = Counter("vbs_samples", "samples inferred", ["model"], registry=r)
         self.free_memory = Gauge("vbs_free_memory_bytes", "memory free for activations when the "
                                  "last plan was chosen", ["model"], registry=r)
-        self.plan_budget = Gauge("vbs_plan_budget_bytes", "budget (table breakpoint) of the last "
-                                 "plan used", ["model"], registry=r)
-        self.plan_peak = Gauge("vbs_plan_peak_bytes", "executor peak of the last plan used",
-                               ["model"], registry=r)
+        self.plan_peak = Gauge("vbs_plan_peak_bytes", "bytes the last plan used allocates (its "
+                               "table breakpoint)", ["model"], registry=r)
+        self.choice_time = Histogram("vbs_plan_choice_seconds", "time to choose a batch's plan: "
+                                     "table lookups for the memory free now", ["model"],
+                                     buckets=CHOICE_BUCKETS, registry=r)
         self.oom_retries = Counter("vbs_oom_retries", "batches retried with a smaller plan after "
                                    "running out of memory", ["model"], registry=r)
         self.splits = Counter("vbs_batch_splits", "batches split because no plan of their size "

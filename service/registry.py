@@ -8,8 +8,10 @@ model is. A plan store that cannot be reached at start is retried with backoff (
 with the reason, shown by the readiness endpoints.
 
 Then a background task watches the store (``AsyncPlanStore.watch``). When the planner
-announces a new version of a table whose fingerprint a model uses, the table is read and
-swapped into the worker (``worker.table = ...``); later batches use it. When the store goes
+announces a new version of the table a model serves (its table id: the profile's
+fingerprint, the service's solver and objective), that table and the tables of the strategies
+compared with it (for /plan) are read and swapped in (``worker.table = ...``); later batches
+use them, a batch already running keeps the table it started with. When the store goes
 away, serving goes on from the tables in memory: the error is logged and counted, the watch
 reconnects with backoff, and on reconnecting re-reads each table's version (announcements
 made while it was away are not replayed).
@@ -32,6 +34,7 @@ from planner.settings import Settings
 from planner.solver.table import PlanTable
 from planner.store import Backoff, PlanStore, open_async_store, open_store
 from planner.store.base import AsyncPlanStore
+from planner.store.keys import table_id
 from service.batcher import Batcher
 from service.codecs import Preprocess, build_preprocess, labels_for
 from service.errors import ModelNotFoundError, RequestError, UnavailableError
@@ -54,6 +57,7 @@ class ModelEntry:
     prepared: Any = None            # planner.pipeline.Prepared
     worker: Any = None              # workers.worker.Worker
     batcher: Batcher | None = None
+    tables: dict[str, PlanTable] = field(default_factory=dict)  # every strategy's, for /plan
     table_version: int | None = None
     table_meta: dict[str, Any] = field(default_factory=dict)
     labels: list[str] | None = None
@@ -71,6 +75,10 @@ class ModelEntry:
     @property
     def fingerprint(self) -> str | None:
         return self.prepared.fingerprint if self.prepared is not None else None
+
+    @property
+    def table_id(self) -> str | None:
+        return self.prepared.table_id if self.prepared is not None else None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -111,9 +119,11 @@ class ModelEntry:
                 "output_shape": list(self.output_shape), "batch_max": table.batch_max,
                 "fingerprint": self.fingerprint, "labels": self.labels is not None,
                 "images": self.preprocess is not None,
-                "table": {"version": self.table_version, "solver": table.solver,
+                "table": {"id": self.table_id, "version": self.table_version,
+                          "solver": table.solver, "objective": table.objective,
                           "slot_bytes": table.slot_bytes, "top_bytes": table.top_bytes,
-                          "plans": len(table.plans)},
+                          "min_bytes": int(table.min_peaks[0]), "plans": len(table.plans),
+                          "compared": sorted(s for s in self.tables if s != table.solver)},
                 "queue": self.batcher.waiting if self.batcher else 0,
                 "memory_limit_bytes": self.worker.probe.limit,
                 "load_s": self.load_s,
@@ -318,15 +328,15 @@ class Registry:
         store = self._sync_store()
         s = self.settings
         prepared = prepare(entry.spec, s, store, batch_max=s.batch_max, solver=s.solver,
-                           progress=False)
-        version = store.table_version(prepared.fingerprint)
+                           objective=s.objective, progress=False)
+        version = store.table_version(prepared.table_id)
         probe = MemoryProbe(device=s.device, limit=s.memory_limit_bytes,
                             margin=s.memory_margin_bytes)
-        worker = Worker(prepared.capture, prepared.profile, prepared.table, probe)
+        worker = Worker(prepared.capture, prepared.table, probe)
         out_shape = tuple(prepared.capture.output_shape)
         labels = labels_for(entry.spec.name, out_shape[0]) if len(out_shape) == 1 else None
         pre = build_preprocess(entry.spec.name, tuple(prepared.capture.input_shape))
-        entry.prepared, entry.worker = prepared, worker
+        entry.prepared, entry.worker, entry.tables = prepared, worker, dict(prepared.tables)
         entry.table_version = version
         entry.table_meta = {"solver": prepared.table.solver, "slot_bytes": prepared.table.slot_bytes}
         entry.labels = labels
@@ -358,7 +368,7 @@ class Registry:
                     attempt = 0
                     await self._catch_up(self._astore)
                     async for announcement in announcements:
-                        for entry in self._using(announcement.fingerprint):
+                        for entry in self._serving(announcement.fingerprint):
                             await self._reload(self._astore, entry, announcement.version)
             except StoreError as exc:
                 self._set_store_up(False)
@@ -369,12 +379,12 @@ class Registry:
                             "retrying in %.2f s", " ".join(str(exc).split()), delay)
                 await asyncio.sleep(delay)
 
-    def _using(self, fingerprint: str) -> list[ModelEntry]:
-        return [e for e in self.entries.values() if e.ready and e.fingerprint == fingerprint]
+    def _serving(self, table_id: str) -> list[ModelEntry]:
+        return [e for e in self.entries.values() if e.ready and e.table_id == table_id]
 
     async def _catch_up(self, store: AsyncPlanStore) -> None:
         for entry in [e for e in self.entries.values() if e.ready]:
-            version = await store.table_version(entry.fingerprint)
+            version = await store.table_version(entry.table_id)
             if version is not None:
                 await self._reload(store, entry, version)
 
@@ -382,25 +392,33 @@ class Registry:
         seen = max(entry.table_version or 0, self._unusable.get(entry.name, 0))
         if version <= seen:
             return
-        stored = await store.get_table(entry.fingerprint)
+        stored = await store.get_table(entry.table_id)
         if stored.version <= seen:
             return
         try:
             table = await asyncio.to_thread(PlanTable.from_bytes, stored.blob)
-            if table.fingerprint != entry.fingerprint:
-                raise UsageError(f"the table is for fingerprint {table.fingerprint}, not "
-                                 f"{entry.fingerprint}")
-            if table.solver != self.settings.solver:
-                # Another service's VBS_SOLVER published it; this one serves its own solver's.
-                raise UsageError(f"the table was solved with {table.solver!r}; this service serves "
-                                 f"{self.settings.solver!r} tables (VBS_SOLVER)")
-            entry.worker.table = table
+            if (table.fingerprint, table.solver, table.objective) != (
+                    entry.fingerprint, self.settings.solver, self.settings.objective):
+                raise UsageError(f"the table under {entry.table_id} holds {table.solver!r} plans "
+                                 f"for {table.objective!r} of fingerprint {table.fingerprint}")
+            tables = {table.solver: table}
+            for solver in entry.tables:  # the strategies /plan compares it with, if readable
+                if solver == table.solver:
+                    continue
+                try:
+                    other = await store.get_table(table_id(entry.fingerprint, solver, table.objective))
+                    tables[solver] = await asyncio.to_thread(PlanTable.from_bytes, other.blob)
+                except StoreError as exc:
+                    log.warning("%s: keeping the %s table in memory: %s", entry.name, solver, exc)
+                    tables[solver] = entry.tables[solver]
         except (StoreError, UsageError) as exc:
             self.metrics.store_errors.inc()
             log.error("%s: table v%d cannot be used, keeping v%s: %s", entry.name, stored.version,
                       entry.table_version, exc)
             self._unusable[entry.name] = stored.version  # not read again until a newer one
             return
+        entry.worker.table = table
+        entry.tables = tables
         old = entry.table_version
         entry.table_version = stored.version
         entry.table_meta = dict(stored.meta)
@@ -408,7 +426,7 @@ class Registry:
             entry.cache.clear()
         self.metrics.table_reloads.labels(entry.name).inc()
         self.metrics.table_version.labels(entry.name).set(stored.version)
-        log.info("%s: table v%s -> v%d swapped in (%s, slot %d B, %d plans)", entry.name, old,
-                 stored.version, table.solver, table.slot_bytes, len(table.plans))
+        log.info("%s: table v%s -> v%d swapped in (%s, %d plans)", entry.name, old,
+                 stored.version, table.solver, len(table.plans))
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()

@@ -187,11 +187,12 @@ async def run(entry: ModelEntry, x: np.ndarray, settings: Settings) -> Outcome:
 
 def plan_json(choice: Any) -> dict[str, Any]:
     """One plan the worker ran: the request size and the memory it was chosen for."""
-    plan = choice.plan
-    return {"batch": plan.batch, "budget_bytes": choice.free_bytes,
-            "breakpoint_bytes": plan.budget_bytes, "peak_bytes": choice.peak_bytes,
-            "plan_id": plan.plan_id, "solver": plan.solver,
-            "predicted_time_s": plan.time_total, "predicted_time_per_sample_s": plan.time_per_sample}
+    return {"batch": choice.batch, "budget_bytes": choice.free_bytes,
+            "breakpoint_bytes": choice.peak_bytes, "peak_bytes": choice.peak_bytes,
+            "plan_id": choice.plan_id, "solver": choice.table.solver,
+            "predicted_time_s": choice.time_total,
+            "predicted_time_per_sample_s": choice.time_total / choice.batch,
+            "choice_s": choice.seconds}
 
 
 def run_json(outcome: Outcome) -> dict[str, Any]:
@@ -232,9 +233,9 @@ def v2_parameters(outcome: Outcome) -> dict[str, Any]:
     if outcome.table_version is not None:
         params["table_version"] = outcome.table_version
     if first is not None:
-        params.update({"plan_id": first.plan.plan_id, "plan_batch": first.plan.batch,
+        params.update({"plan_id": first.plan_id, "plan_batch": first.batch,
                        "budget_bytes": first.free_bytes,
-                       "predicted_time_s": first.plan.time_total})
+                       "predicted_time_s": first.time_total})
     return params
 
 

@@ -11,6 +11,7 @@ Fixtures:
     redis_unix_url        the same server's unix:// URL, flushed for this test
     redis_server_factory  call it to start a private server this test may stop (``.stop()``)
     closed_redis_url      a redis:// URL with a password on a port where nothing listens
+    no_planning           fails the test if the DP, the simulator or a memory walk runs
 """
 
 from __future__ import annotations
@@ -157,3 +158,27 @@ def redis_server_factory(tmp_path_factory: pytest.TempPathFactory
 @pytest.fixture
 def closed_redis_url() -> str:
     return f"redis://:s3cret@127.0.0.1:{free_port()}/0"
+
+
+@pytest.fixture
+def no_planning(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """While a test runs: building the DP's tables, replaying a program in the simulator, or
+    walking a program on byte counts raises, and the test fails at teardown if any was tried
+    (even where the error was caught), so a request path that does more than look up is found."""
+    from planner.solver.dp import ChainTables
+    from planner.solver.layout import MemoryAccount
+    from planner.solver.simulate import _Frame
+
+    tried: list[str] = []
+
+    def forbid(what: str) -> Callable[..., None]:
+        def init(self: object, *args: object, **kwargs: object) -> None:
+            tried.append(what)
+            raise AssertionError(f"{what} ran where only table lookups may")
+        return init
+
+    for cls, what in ((ChainTables, "the DP"), (MemoryAccount, "a memory walk"),
+                      (_Frame, "the simulator")):
+        monkeypatch.setattr(cls, "__init__", forbid(what))
+    yield tried
+    assert not tried, f"planning work on the request path: {tried}"

@@ -1,6 +1,6 @@
 """Run a Program on real tensors: every unit at the batch size the plan gives it.
 
-The executor is the walk of ``workers.walk`` on the ``TorchBackend``: sub-batches are views of
+The executor is the walk of ``planner.solver.layout`` on the ``TorchBackend``: sub-batches are views of
 the chunks a boundary holds, samples spread over several chunks are gathered into one buffer
 slice by slice (never a torch.cat), joins are built in place (cat into channel slices, add by
 accumulation, mul with the fork), and every buffer is dropped as soon as the walk frees it.
@@ -15,9 +15,9 @@ import torch
 
 from planner.errors import ExecutionError, OutOfMemoryError
 from planner.graph.capture import Capture
+from planner.solver.layout import walk
 from planner.solver.program import Step
 from planner.tree import Layer, Node, Parallel
-from workers.walk import walk
 
 
 class TorchBackend:

@@ -75,6 +75,15 @@ def cuda_free(device: int | str = 0) -> int:
     return int(free + max(0, cached))
 
 
+def release_cached(device: str) -> None:
+    """Give the blocks PyTorch's caching allocator holds unused back to the device (CUDA only;
+    call it once the tensors of a failed attempt are gone, or they stay cached)."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
+
+
 @dataclass
 class MemoryProbe:
     """Bytes free for activations now: the device's free memory, capped, minus a margin.

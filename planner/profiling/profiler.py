@@ -31,6 +31,7 @@ from planner.graph.capture import Capture
 from planner.graph.runner import run_node
 from planner.profiling.grid import batch_grid, fill_time, fill_workspace
 from planner.profiling.measure import CudaPeaks, PassTimer, cpu_memory_regions
+from planner.solver.memory import allocation, granule_for
 from planner.tree import Layer, Node, Parallel, Profile, Series, iter_layers, iter_nodes, \
     load_profile, node_to_json, save_profile
 
@@ -152,8 +153,10 @@ def measure(capture: Capture, options: ProfileOptions, progress: bool = True) ->
     for block in blocks:  # a block with only identity branches folds nothing timed
         times.setdefault(block.name, {b: 0.0 for b in grid})
     out_bytes = {n.name: n.out_bytes for n in layers}
-    # Workspace = what the unit needs at its peak beyond its own output (its input was held).
-    ws = {n.name: fill_workspace({b: max(0, p - out_bytes[n.name] * b)
+    granule = granule_for(device.type)
+    # Workspace = what the unit needs at its peak beyond its own output (its input was held),
+    # the output counted as the allocator rounds it, as the executor's walk counts it.
+    ws = {n.name: fill_workspace({b: max(0, p - allocation(out_bytes[n.name] * b, granule))
                                   for b, p in peaks.get(n.name, {b: 0 for b in grid}).items()},
                                  options.batch_max) for n in layers}
     filled = {name: fill_time(per, options.batch_max) for name, per in times.items()}
@@ -166,7 +169,7 @@ def measure(capture: Capture, options: ProfileOptions, progress: bool = True) ->
         "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
         "batch_sizes_measured": grid, "interpolated": options.grid, "repeats": options.repeats,
         "warmup": options.warmup, "threads": torch.get_num_threads(),
-        "units": len(layers), "parallel_blocks": len(blocks),
+        "units": len(layers), "parallel_blocks": len(blocks), "alloc_granule": granule,
         "fingerprint": fingerprint(capture, options),
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "elapsed_s": round(time.perf_counter() - started, 2),

@@ -2,6 +2,9 @@
 
 - ``fbs`` (Fixed Batch Size): the largest uniform batch c that fits; phases of c samples run
   through the whole network one after another (the last phase takes what is left).
+- ``fbs-best``: the uniform batch c that is fastest by the profile among those that fit (what
+  a user who tunes max_batch_size gets; on hardware where a larger batch is not faster per
+  sample it is not the largest). Headline gains are stated against it.
 - ``greedy`` (Greedy-VBS): layer after layer over all r samples; each layer takes the largest
   batch that fits with all r samples held at its input and at its output (a block opens one
   phase of all r samples, its fork and join held for all r, and its branches' layers are
@@ -111,6 +114,23 @@ def fbs_batch(inst: Instance, r: int, slots: int, slot: int) -> int:
         if fbs_slots(inst, c, r, slot) <= slots:
             return c
     return 0
+
+
+def fbs_cost(inst: Instance, c: int, r: int) -> float:
+    """The objective's total for r samples in uniform batches of c."""
+    return program_costs(inst, fbs_program(inst, c, r))[0]
+
+
+def fbs_best_batch(inst: Instance, r: int, slots: int, slot: int) -> int:
+    """The uniform batch that is cheapest by the profile among those that fit in ``slots``
+    (the larger on a tie), or 0 when even batch 1 does not fit."""
+    best, best_cost = 0, math.inf
+    for c in range(r, 0, -1):
+        if fbs_slots(inst, c, r, slot) <= slots:
+            cost = fbs_cost(inst, c, r)
+            if cost < best_cost:
+                best, best_cost = c, cost
+    return best
 
 
 # --------------------------------------------------------------------------- Greedy-VBS

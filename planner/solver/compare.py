@@ -1,35 +1,47 @@
-"""Solvers side by side for one request size and budget: the paper's Table II and Table III.
+"""Strategies side by side for one request size and budget, from their plan tables: the paper's
+Table II and Table III.
 
-``compare`` solves the same profile with several solvers at one budget and replays each plan
-in the simulator, so every row carries its predicted time per sample, its peak, and per unit
-the batch size of each phase and the memory left unused while it ran. ``render`` prints it.
-Pure (no torch): `vbs show`, the service's /plan and `vbs bench` share it.
+``compare`` looks every strategy's plan up in its table (lookups, no solving) and gives, per
+strategy, its plan, predicted time per sample and the bytes the executor allocates; per unit
+(in execution order) the batch size of each of its phases and the memory left unused while it
+ran: the budget minus the most held while a step of that unit ran, which the table stores.
+``render`` prints it. Pure (no torch): `vbs show`, the service's /plan and `vbs bench` share it.
+Headline gains are stated against ``BASELINE``, fbs-best: the uniform batch a careful user
+would tune, not the largest one that fits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from planner.errors import InfeasibleError
 from planner.solver.memory import format_bytes
-from planner.solver.model import Instance
 from planner.solver.program import Plan
-from planner.solver.simulate import Simulation, simulate
-from planner.solver.solve import instance_of, solve
-from planner.tree import Profile
+from planner.solver.table import PlanTable
 
-SOLVERS = ("vbs", "paper", "greedy", "fbs")
+STRATEGIES = ("vbs", "paper", "greedy", "fbs", "fbs-best")
+BASELINE = "fbs-best"
+
+
+@dataclass(frozen=True)
+class UnitUse:
+    """One unit of a plan: the batch size of each of its steps, and the most held meanwhile."""
+
+    name: str
+    batches: tuple[int, ...]
+    need_bytes: int
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """One solver's answer: its plan and replay, or why nothing fits."""
+    """One strategy's answer: its plan and per-unit use, or why nothing fits."""
 
     solver: str
     plan: Plan | None
-    simulation: Simulation | None
+    units: tuple[UnitUse, ...] = ()
     reason: str = ""
+    need_bytes: int | None = None  # when infeasible: the least memory any plan needs
 
     @property
     def feasible(self) -> bool:
@@ -39,46 +51,65 @@ class Outcome:
     def time_per_sample(self) -> float | None:
         return self.plan.time_per_sample if self.plan else None
 
+    def usage(self, name: str) -> UnitUse:
+        return next(u for u in self.units if u.name == name)
+
 
 @dataclass(frozen=True)
 class Comparison:
-    """Every solver's outcome for ``batch`` samples within ``budget`` bytes."""
+    """Every strategy's outcome for ``batch`` samples within ``budget`` bytes."""
 
     batch: int
     budget: int
-    slot_bytes: int
     outcomes: tuple[Outcome, ...]
 
     def outcome(self, solver: str) -> Outcome:
         return next(o for o in self.outcomes if o.solver == solver)
 
-    def gain(self, solver: str, over: str) -> float | None:
+    def gain(self, solver: str, over: str = BASELINE) -> float | None:
         """How many times faster ``solver`` is than ``over`` (None when either is infeasible)."""
+        solvers = {o.solver for o in self.outcomes}
+        if solver not in solvers or over not in solvers:
+            return None
         a, b = self.outcome(solver), self.outcome(over)
         if not (a.plan and b.plan) or a.plan.time_total <= 0:
             return None
         return b.plan.time_total / a.plan.time_total
 
 
-def compare(model: Profile | Instance, batch: int, budget: int, *, slot_bytes: int | None = None,
-            solvers: Sequence[str] = SOLVERS, objective: str = "time",
-            plans: dict[str, Plan] | None = None) -> Comparison:
-    """Solve (or take from ``plans``, e.g. a table's lookup) and replay every solver's plan."""
-    inst = instance_of(model, objective)
-    outcomes = []
-    slot = slot_bytes
-    for solver in solvers:
-        try:
-            plan = (plans or {}).get(solver) or solve(inst, batch, budget, solver=solver,
-                                                      objective=objective, slot_bytes=slot)
-        except InfeasibleError as exc:
-            outcomes.append(Outcome(solver, None, None, " ".join(str(exc).split())))
-            continue
-        slot = plan.slot_bytes
-        sim = simulate(inst, plan.program, batch, budget, slot_bytes=plan.slot_bytes,
-                       objective=objective)
-        outcomes.append(Outcome(solver, plan, sim))
-    return Comparison(batch, budget, slot or 0, tuple(outcomes))
+def unit_uses(table: PlanTable, index: int) -> tuple[UnitUse, ...]:
+    """Per unit of plan ``index``, in the order units first run: batches and the most held."""
+    entry = table.plans[index]
+    batches: dict[int, list[int]] = {}
+    for u, c in zip(entry.units.tolist(), entry.samples.tolist()):
+        batches.setdefault(u, []).append(c)
+    peaks = entry.unit_peaks
+    return tuple(UnitUse(table.units[u], tuple(b), int(peaks[u])) for u, b in batches.items())
+
+
+def outcome(table: PlanTable, batch: int, budget: int) -> Outcome:
+    """The plan ``table`` holds for ``batch`` samples within ``budget`` bytes (a lookup)."""
+    try:
+        index = table.find(batch, budget)
+    except InfeasibleError as exc:
+        need = int(table.min_peaks[batch - 1]) if len(table.row(batch).peaks) else None
+        return Outcome(table.solver, None, reason=" ".join(str(exc).split()), need_bytes=need)
+    return Outcome(table.solver, table.plan(index, batch, budget), unit_uses(table, index))
+
+
+def compare(tables: Mapping[str, PlanTable], batch: int, budget: int,
+            solvers: Sequence[str] | None = None) -> Comparison:
+    """Every strategy of ``tables`` (or of ``solvers``, in that order) at one budget."""
+    order = [s for s in (solvers or STRATEGIES) if s in tables]
+    return Comparison(batch, budget, tuple(outcome(tables[s], batch, budget) for s in order))
+
+
+def budget_range(tables: Mapping[str, PlanTable], batch: int) -> tuple[int, int]:
+    """Budgets worth comparing for ``batch`` samples: from where fbs-best runs one sample at a
+    time (the least a uniform batch needs) to where fbs runs all of them at once."""
+    low = int(tables[BASELINE].min_peaks[batch - 1])
+    high = int(tables["fbs"].row(batch).peaks[-1])
+    return low, max(low, high)
 
 
 def _batches(values: Sequence[int]) -> str:
@@ -96,53 +127,50 @@ def _batches(values: Sequence[int]) -> str:
     return "+".join(parts)
 
 
-def render(cmp: Comparison, title: str = "", detail: tuple[str, str] = ("vbs", "fbs")) -> str:
-    """The comparison as text: a summary per solver, then per unit (Table III)."""
-    lines = [f"{title}  r={cmp.batch}  budget {format_bytes(cmp.budget)}  "
-             f"(slots of {format_bytes(cmp.slot_bytes)})".strip()]
-    lines.append(f"{'solver':8} {'time/sample':>12} {'samples/s':>10} {'peak':>11}  "
+def render(cmp: Comparison, title: str = "", detail: tuple[str, ...] = ("vbs", BASELINE)) -> str:
+    """The comparison as text: a summary per strategy, then per unit (Table III)."""
+    lines = [f"{title}  r={cmp.batch}  budget {format_bytes(cmp.budget)}".strip()]
+    lines.append(f"{'strategy':9} {'time/sample':>12} {'samples/s':>10} {'peak':>11}  "
                  f"{'vbs gain':>8}  plan")
     for o in cmp.outcomes:
         if not o.plan:
-            lines.append(f"{o.solver:8} {'infeasible':>12}  {o.reason}")
+            lines.append(f"{o.solver:9} {'infeasible':>12}  {o.reason}")
             continue
-        gain = cmp.gain("vbs", o.solver) if any(x.solver == "vbs" for x in cmp.outcomes) else None
-        lines.append(f"{o.solver:8} {o.plan.time_per_sample * 1e3:>9.3f} ms "
-                     f"{1 / o.plan.time_per_sample:>10.1f} {format_bytes(o.plan.peak_bytes):>11}  "
+        gain = cmp.gain("vbs", o.solver)
+        lines.append(f"{o.solver:9} {o.plan.time_per_sample * 1e3:>9.3f} ms "
+                     f"{1 / o.plan.time_per_sample:>10.1f} "
+                     f"{format_bytes(o.plan.executor_peak_bytes):>11}  "
                      f"{(f'{gain:.2f}x' if gain else '-'):>8}  {o.plan.plan_id}")
     shown = [cmp.outcome(s) for s in detail if any(o.solver == s for o in cmp.outcomes)]
-    shown = [o for o in shown if o.simulation]
+    shown = [o for o in shown if o.plan]
     if not shown:
         return "\n".join(lines)
-    names = [u.name for u in shown[0].simulation.units]  # type: ignore[union-attr]
+    names = [u.name for u in shown[0].units]
     width = max(12, max(len(n) for n in names))
-    header = f"\n{'unit':{width}}" + "".join(f" {o.solver + ' batches':>16} {'unused':>10}" for o in shown)
-    lines.append(header)
+    lines.append(f"\n{'unit':{width}}" + "".join(f" {o.solver + ' batches':>18} {'unused':>10}"
+                                                 for o in shown))
     for name in names:
         row = f"{name:{width}}"
         for o in shown:
-            use = o.simulation.usage(name)  # type: ignore[union-attr]
-            unused = min(use.unused_bytes) if use.unused_bytes else None
-            row += f" {_batches(use.batches):>16} {format_bytes(unused) if unused is not None else '-':>10}"
+            use = o.usage(name)
+            row += f" {_batches(use.batches):>18} {format_bytes(cmp.budget - use.need_bytes):>10}"
         lines.append(row)
     return "\n".join(lines)
 
 
-def sweep(model: Profile | Instance, batch: int, budgets: Sequence[int], *,
-          slot_bytes: int | None = None, solvers: Sequence[str] = SOLVERS) -> list[Comparison]:
+def sweep(tables: Mapping[str, PlanTable], batch: int, budgets: Sequence[int]) -> list[Comparison]:
     """``compare`` at every budget: the predicted side of the paper's Figure 7 and Table II."""
-    inst = instance_of(model, "time")
-    return [compare(inst, batch, b, slot_bytes=slot_bytes, solvers=solvers) for b in budgets]
+    return [compare(tables, batch, b) for b in budgets]
 
 
 def render_sweep(rows: list[Comparison], title: str = "") -> str:
-    """Predicted time per sample of every solver at every budget, and vbs's gain over fbs."""
+    """Predicted time per sample of every strategy at every budget, and vbs's gain over fbs-best."""
     solvers = [o.solver for o in rows[0].outcomes] if rows else []
     lines = [f"{title}  r={rows[0].batch if rows else '?'}  predicted time per sample (ms)".strip(),
-             f"{'budget':>11} " + " ".join(f"{s:>9}" for s in solvers) + f" {'vbs/fbs':>8}"]
+             f"{'budget':>11} " + " ".join(f"{s:>9}" for s in solvers) + f" {'vbs/' + BASELINE:>13}"]
     for cmp in rows:
         cells = [f"{o.time_per_sample * 1e3:>9.3f}" if o.plan else f"{'-':>9}" for o in cmp.outcomes]
-        gain = cmp.gain("vbs", "fbs") if "vbs" in solvers and "fbs" in solvers else None
+        gain = cmp.gain("vbs")
         lines.append(f"{format_bytes(cmp.budget):>11} " + " ".join(cells) +
-                     f" {(f'{gain:.2f}x' if gain else '-'):>8}")
+                     f" {(f'{gain:.2f}x' if gain else '-'):>13}")
     return "\n".join(lines)

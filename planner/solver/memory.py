@@ -62,6 +62,20 @@ def format_bytes(n: int | float | None) -> str:
     raise AssertionError("unreachable")
 
 
+CUDA_GRANULE = 512  # PyTorch's CUDA caching allocator rounds every block up to 512 bytes
+
+
+def granule_for(device: str) -> int:
+    """The allocation granule of a device type: 512 bytes on CUDA, 1 on CPU."""
+    return CUDA_GRANULE if device.startswith("cuda") else 1
+
+
+def allocation(nbytes: int, granule: int = 1) -> int:
+    """Bytes an allocator takes for a request of ``nbytes``: whole granules (512 for CUDA's
+    caching allocator, 1 on CPU). Every byte count of the executor's memory goes through here."""
+    return -(-int(nbytes) // granule) * granule
+
+
 def slots_up(nbytes: int, slot_bytes: int) -> int:
     """Whole slots needed to hold ``nbytes``: a size is rounded up."""
     return -(-int(nbytes) // slot_bytes)

@@ -71,6 +71,8 @@ class Instance:
     chains: tuple[Chain, ...]
     fingerprint: str = ""
     locate: dict[str, tuple[int, int]] = field(default_factory=dict)  # unit name -> (chain, position)
+    tree: Series | None = None  # the profile's tree: the executor's layout walks it
+    granule: int = 1            # the device allocator's rounding (planner.solver.memory.allocation)
 
     @property
     def root(self) -> Chain:
@@ -134,8 +136,14 @@ def _costs(values: tuple[float, ...], what: str, name: str, batch_max: int,
     return tuple(float(v) for v in values)
 
 
-def build_instance(profile: Profile, objective: str = "time") -> Instance:
-    """Flatten ``profile`` into chains; bad names or missing measurements are errors that say why."""
+def build_instance(profile: Profile, objective: str = "time", *, count_request: bool = True
+                   ) -> Instance:
+    """Flatten ``profile`` into chains; bad names or missing measurements are errors that say why.
+
+    ``count_request=False`` holds the request at the root's input at 0 bytes: its caller
+    allocated it before the plan was chosen and holds it throughout, which is how the executor
+    counts (plan tables are solved so; a direct ``solve`` counts it, as DESIGN.md states).
+    """
     if objective not in OBJECTIVES:
         raise UsageError(f"unknown objective {objective!r}; use one of {', '.join(OBJECTIVES)}")
     B = profile.batch_max
@@ -171,6 +179,8 @@ def build_instance(profile: Profile, objective: str = "time") -> Instance:
             sizes = [members[0].in_bytes] + [m.out_bytes for m in members]
         else:
             sizes = [0]
+        if not is_branch and not count_request:
+            sizes[0] = 0
         if is_branch:
             # The fork is held by the block (the paper's collapse): the branch reads it.
             sizes[0] = 0
@@ -193,7 +203,8 @@ def build_instance(profile: Profile, objective: str = "time") -> Instance:
     if not chains[0].units:  # type: ignore[union-attr]
         raise ProfileError("the profile's root has no units")
     return Instance(batch_max=B, objective=objective, chains=tuple(chains),  # type: ignore[arg-type]
-                    fingerprint=fingerprint, locate=locate)
+                    fingerprint=fingerprint, locate=locate, tree=profile.root,
+                    granule=profile.granule)
 
 
 def content_fingerprint(profile: Profile) -> str:

@@ -4,7 +4,9 @@ A Program is a list of steps ``{"unit": NAME, "samples": C}``: run that unit on 
 samples waiting at its input, in order. A step naming a parallel block opens a phase of C
 samples of that block; the steps of its branches follow (``planner.solver.simulate`` is the
 one executable statement of what a program means). A Plan is a program with what the solver
-claims about it: its cost under the objective, its total time and its peak memory.
+claims about it: its cost under the objective, its total time, its peak under the DP's model
+of memory, and the executor's exact peak and buffer splits (``planner.solver.layout``): what
+running it allocates, by which plans are chosen.
 """
 
 from __future__ import annotations
@@ -98,7 +100,9 @@ class Plan:
     program: Program
     cost: float        # total of the objective (seconds for "time", joules for "energy")
     time_total: float  # total seconds, whatever the objective
-    peak_bytes: int    # exact peak of activations and workspaces while it runs
+    peak_bytes: int    # exact peak under the DP's model of memory (the simulator's figure)
+    executor_peak_bytes: int  # exact bytes the executor allocates running it (its layout)
+    splits: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (step, sizes): outputs split at once
 
     @property
     def time_per_sample(self) -> float:
@@ -108,11 +112,17 @@ class Plan:
     def plan_id(self) -> str:
         return self.program.plan_id
 
+    @property
+    def split_map(self) -> dict[int, list[int]]:
+        """The splits as the executor takes them: step -> sizes."""
+        return {k: list(sizes) for k, sizes in self.splits}
+
     def to_json(self) -> dict[str, Any]:
         """The object ``vbs solve --json`` prints for a feasible request."""
         return {"feasible": True, "solver": self.solver, "objective": self.objective,
                 "batch": self.batch, "memory_budget": self.budget_bytes,
                 "slot_bytes": self.slot_bytes, "time_total": self.time_total,
                 "time_per_sample": self.time_per_sample, "cost": self.cost,
-                "peak_bytes": self.peak_bytes, "plan_id": self.plan_id,
+                "peak_bytes": self.peak_bytes, "executor_peak_bytes": self.executor_peak_bytes,
+                "plan_id": self.plan_id,
                 "program": self.program.to_json()}

@@ -2,8 +2,12 @@
 
 Solvers: ``vbs`` (default; the paper's DP widened, see ``kernel``), ``paper`` (recurrences
 (1)-(3) with the branch collapse, faithfully), ``fbs`` and ``greedy`` (the paper's
-baselines). All four use the one model of memory of ``planner.solver.model`` and every plan's
-claimed cost and peak equal what ``planner.solver.simulate`` finds for its program.
+baselines) and ``fbs-best`` (the fastest uniform batch that fits: what a user who tunes
+max_batch_size gets). All five use the one model of memory of ``planner.solver.model`` and
+every plan's claimed cost and peak equal what ``planner.solver.simulate`` finds for its
+program; every plan also carries the executor's exact peak (``planner.solver.layout``), which
+can differ. Plan tables (``planner.solver.table``) are keyed by that executor peak; a direct
+``solve`` answers under the DP's model, which is what the oracle and simulator check.
 
 Slots. By default a slot is 1/``slot_count`` of the exact bytes the plan "every unit at
 batch B" needs (B = batch_max): the top of a plan table. A direct solve uses the same slot
@@ -15,12 +19,13 @@ from __future__ import annotations
 from planner.errors import InfeasibleError, UsageError
 from planner.solver import baselines
 from planner.solver.dp import ChainTables, RawPlan
+from planner.solver.layout import layout
 from planner.solver.memory import check_slot_bytes, slots_down, slots_up
 from planner.solver.model import Chain, Instance, build_instance, check_batch
 from planner.solver.program import Plan, Program
 from planner.tree import Profile
 
-SOLVERS = ("vbs", "paper", "fbs", "greedy")
+SOLVERS = ("vbs", "paper", "fbs", "fbs-best", "greedy")
 DEFAULT_SLOT_COUNT = 512
 
 
@@ -73,24 +78,36 @@ def instance_of(model: Profile | Instance, objective: str) -> Instance:
     return build_instance(model, objective)
 
 
+def with_layout(inst: Instance, pairs: list[tuple[str, int]], *, solver: str, batch: int,
+                budget: int, slot_bytes: int, cost: float, time: float, peak: int) -> Plan:
+    """A Plan of ``pairs`` with the executor's layout walked (its exact peak and splits)."""
+    program = Program.of(pairs)
+    if inst.tree is None:
+        raise UsageError("this instance was not built from a profile: its tree is needed to lay "
+                         "out the executor's memory")
+    lay = layout(inst.tree, program.steps, batch, granule=inst.granule)
+    return Plan(solver=solver, objective=inst.objective, batch=batch, budget_bytes=budget,
+                slot_bytes=slot_bytes, program=program, cost=cost, time_total=time,
+                peak_bytes=peak, executor_peak_bytes=lay.peak,
+                splits=tuple((k, tuple(v)) for k, v in lay.splits.items()))
+
+
 def plan_from_raw(inst: Instance, raw: RawPlan, *, solver: str, batch: int, budget: int,
                   slot_bytes: int) -> Plan:
     """A Plan from a DP read-out: the DP's value is the claimed cost."""
     units = inst.global_units
     pairs = [(units[g].name, int(c)) for g, c in zip(raw.units.tolist(), raw.samples.tolist())]
-    cost, time = baselines.program_costs(inst, pairs)
-    claimed = raw.cost
-    return Plan(solver=solver, objective=inst.objective, batch=batch, budget_bytes=budget,
-                slot_bytes=slot_bytes, program=Program.of(pairs), cost=claimed,
-                time_total=claimed if inst.objective == "time" else time, peak_bytes=raw.peak)
+    _, time = baselines.program_costs(inst, pairs)
+    return with_layout(inst, pairs, solver=solver, batch=batch, budget=budget,
+                       slot_bytes=slot_bytes, cost=raw.cost,
+                       time=raw.cost if inst.objective == "time" else time, peak=raw.peak)
 
 
 def plan_from_pairs(inst: Instance, pairs: list[tuple[str, int]], *, solver: str, batch: int,
                     budget: int, slot_bytes: int, peak: int) -> Plan:
     cost, time = baselines.program_costs(inst, pairs)
-    return Plan(solver=solver, objective=inst.objective, batch=batch, budget_bytes=budget,
-                slot_bytes=slot_bytes, program=Program.of(pairs), cost=cost, time_total=time,
-                peak_bytes=peak)
+    return with_layout(inst, pairs, solver=solver, batch=batch, budget=budget,
+                       slot_bytes=slot_bytes, cost=cost, time=time, peak=peak)
 
 
 def solve(model: Profile | Instance, batch: int, budget_bytes: int, *, solver: str = "vbs",
@@ -109,10 +126,10 @@ def solve(model: Profile | Instance, batch: int, budget_bytes: int, *, solver: s
     slot = check_slot_bytes(slot_bytes) if slot_bytes is not None else default_slot_bytes(inst, slot_count)
     m = slots_down(budget_bytes, slot)
     usable = m * slot
-    if solver == "fbs":
-        c = baselines.fbs_batch(inst, r, m, slot)
+    if solver in ("fbs", "fbs-best"):
+        c = (baselines.fbs_batch if solver == "fbs" else baselines.fbs_best_batch)(inst, r, m, slot)
         if c == 0:
-            raise baselines.infeasible("fbs", r, budget_bytes, usable,
+            raise baselines.infeasible(solver, r, budget_bytes, usable,
                                        baselines.fbs_slots(inst, 1, r, slot) * slot)
         return plan_from_pairs(inst, baselines.fbs_program(inst, c, r), solver=solver, batch=r,
                                budget=budget_bytes, slot_bytes=slot, peak=baselines.fbs_peak(inst, c, r))

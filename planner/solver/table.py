@@ -1,140 +1,198 @@
-"""Plan tables: one solve gives the plan of every request size r = 1..B at every budget.
+"""Plan tables: for every request size r = 1..B, the best plan at every memory budget, keyed by
+the bytes the executor really allocates.
 
-The DP fills OPT[root, r, m] for all r and all m = 0..M slots at once. For each r the table
-keeps only the budgets where the plan changes (breakpoints, ascending) and the plan from
-there up (the paper keeps "only the entries used"); ``lookup(r, free_bytes)`` returns the
-plan of the largest breakpoint at or below the free memory, which equals a direct
-``solve`` at that budget. Plans are stored once, as arrays of (unit index, samples), with a
-version-independent id (a hash of the program).
+Building (``build_tables``, offline, in `vbs plan`): the solver proposes candidate programs
+for every r (vbs and paper: the DP's optimal program at every budget of 0..M slots where it
+changes; fbs and fbs-best: every uniform batch c = 1..r; greedy: its rule's choice at every
+budget where it changes). Each candidate is laid out as the executor will run it
+(``planner.solver.layout``: a walk on byte counts that needs only the profile), which gives
+its exact peak, the outputs to split and each unit's need. The row of r is the frontier of
+the candidates by (executor peak, rank): ascending peaks, each plan preferred to every plan
+with a smaller peak. The rank is the solver's own preference: least cost for vbs, paper and
+fbs-best, the largest batch for fbs, the largest rule budget for greedy.
 
-Serialisation (``to_bytes``/``from_bytes``): zlib-compressed JSON, schema ``vbs.table/1``;
+Reading (``find``, ``lookup``): the plan of r samples for F free bytes is the last breakpoint
+at or below F, one binary search. A plan picked for F bytes never allocates more than F, and
+the table says exactly what it allocates. When no plan of r fits, ``largest_fitting`` gives
+the most samples that do, so a worker splits a batch by the table too.
+
+Serialisation (``to_bytes``/``from_bytes``): zlib-compressed JSON, schema ``vbs.table/2``;
 never pickle. Programs are flat integer lists ``[u0, c0, u1, c1, ...]`` indexing ``units``.
+Tables of schema ``vbs.table/1`` (keyed by the DP's model of memory, not by what runs) are
+refused with a message that says to re-plan; so is anything malformed.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import threading
 import zlib
-from dataclasses import dataclass
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from planner.errors import InfeasibleError, StoreError, UsageError
+from planner.errors import InfeasibleError, TableFormatError, UsageError
 from planner.solver import baselines
 from planner.solver.dp import ChainTables
-from planner.solver.memory import check_slot_bytes, slots_down
-from planner.solver.model import Instance
-from planner.solver.program import Plan, Program, program_id
-from planner.solver.solve import (DEFAULT_SLOT_COUNT, SOLVERS, default_slot_bytes, instance_of,
-                                  table_slots)
+from planner.solver.layout import Layout, layout
+from planner.solver.memory import check_slot_bytes
+from planner.solver.model import Instance, build_instance
+from planner.solver.program import Plan, Program, Step, program_id
+from planner.solver.solve import DEFAULT_SLOT_COUNT, SOLVERS, default_slot_bytes, instance_of, \
+    table_slots
 from planner.tree import Profile
 
-SCHEMA = "vbs.table/1"
+SCHEMA = "vbs.table/2"
+OLD_SCHEMAS = ("vbs.table/1",)
+MAX_TABLE_BYTES = 1 << 30  # a decompressed table larger than this is refused, not read
+_NO_PLAN = np.iinfo(np.int64).max
+_PROGRAM_CACHE = 64  # programs kept built per table (the executor takes Steps)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TablePlan:
-    """One distinct plan of a table: its program as unit indices and samples, and its claims."""
+    """One distinct plan of a table: its program as unit indices and samples, and its figures."""
 
     plan_id: str
-    units: np.ndarray    # int32 index into PlanTable.units per step
-    samples: np.ndarray  # int32 samples per step
+    units: np.ndarray       # int32 index into PlanTable.units per step
+    samples: np.ndarray     # int32 samples per step
     cost: float
     time_total: float
-    peak_bytes: int
+    peak_bytes: int         # what the executor allocates running it: the table's claim
+    model_peak_bytes: int   # the DP's model of memory for the same program
+    splits: tuple[tuple[int, tuple[int, ...]], ...]  # (step, sizes): outputs split at once
+    unit_peaks: np.ndarray  # int64 per table unit: the most held while a step of it ran
 
 
 @dataclass(frozen=True)
 class TableRow:
-    """The plans of one request size: ``plans[k]`` from ``breakpoints[k]`` slots up."""
+    """The plans of one request size: ``plans[k]`` from ``peaks[k]`` bytes up."""
 
-    breakpoints: np.ndarray  # int64 slots, strictly ascending
-    plans: np.ndarray        # int64 index into PlanTable.plans
+    peaks: np.ndarray  # int64 executor peaks, strictly ascending
+    plans: np.ndarray  # int64 index into PlanTable.plans
 
 
 @dataclass(frozen=True, eq=False)
 class PlanTable:
-    """Every request size's plans at every budget, for one profile, solver and slot size."""
+    """Every request size's plans at every budget, for one profile, solver and objective."""
 
     fingerprint: str
     solver: str
     objective: str
-    slot_bytes: int
-    slots: int                  # the top of the table, M
+    slot_bytes: int             # the DP's memory resolution (its candidates), not the lookup's
+    granule: int                # the allocator rounding the executor peaks were counted with
     batch_max: int
     units: tuple[str, ...]
     plans: tuple[TablePlan, ...]
     rows: tuple[TableRow, ...]  # rows[r - 1]
+    # (batch_max,) int64: the least memory any plan of r samples needs, at index r - 1
+    min_peaks: np.ndarray = field(init=False, repr=False, compare=False)
+    _programs: OrderedDict[int, Program] = field(default_factory=OrderedDict, init=False,
+                                                 repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False,
+                                  compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "min_peaks", np.array(
+            [int(row.peaks[0]) if len(row.peaks) else _NO_PLAN for row in self.rows], dtype=np.int64))
 
     # ------------------------------------------------------------------ queries
 
     @property
     def top_bytes(self) -> int:
-        """The budget at the top of the table; above it the top plans are returned."""
-        return self.slots * self.slot_bytes
+        """The most any plan of the table allocates: above it nothing changes."""
+        return max((int(row.peaks[-1]) for row in self.rows if len(row.peaks)), default=0)
 
     @property
     def meta(self) -> dict[str, Any]:
         """A JSON summary for a store's meta record."""
         return {"schema": SCHEMA, "fingerprint": self.fingerprint, "solver": self.solver,
-                "objective": self.objective, "slot_bytes": self.slot_bytes, "slots": self.slots,
-                "batch_max": self.batch_max, "plans": len(self.plans),
-                "min_bytes": [int(r.breakpoints[0]) * self.slot_bytes if len(r.breakpoints) else None
-                              for r in self.rows]}
+                "objective": self.objective, "slot_bytes": self.slot_bytes,
+                "granule": self.granule, "batch_max": self.batch_max, "plans": len(self.plans),
+                "min_bytes": [int(m) if m != _NO_PLAN else None for m in self.min_peaks]}
 
     def row(self, r: int) -> TableRow:
         if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= self.batch_max:
             raise UsageError(f"request size {r!r} is outside 1..{self.batch_max} of this table")
         return self.rows[r - 1]
 
-    def _plan(self, index: int, r: int, budget: int) -> Plan:
+    def find(self, r: int, free_bytes: int) -> int:
+        """The index of the best plan of r samples that fits in ``free_bytes`` (one binary
+        search), or InfeasibleError saying how many bytes the smallest needs."""
+        row = self.row(r)
+        if isinstance(free_bytes, bool) or not isinstance(free_bytes, (int, np.integer)) \
+                or free_bytes < 0:
+            raise UsageError(f"free memory must be a whole number of bytes >= 0, got {free_bytes!r}")
+        k = int(np.searchsorted(row.peaks, free_bytes, side="right")) - 1
+        if k < 0:
+            if len(row.peaks) == 0:
+                raise InfeasibleError(f"{self.solver} has no plan of {r} samples: plan with a "
+                                      "larger table (more slots) or send fewer samples")
+            need = int(row.peaks[0])
+            raise InfeasibleError(
+                f"no {self.solver} plan of {r} samples fits in {free_bytes} bytes: it needs at "
+                f"least {need} bytes, {need - free_bytes} more; free memory or send fewer samples")
+        return int(row.plans[k])
+
+    def largest_fitting(self, r: int, free_bytes: int) -> int:
+        """The most samples, at most r, that some plan runs within ``free_bytes`` (0: none)."""
+        self.row(r)
+        fits = np.flatnonzero(self.min_peaks[:r] <= free_bytes)
+        return int(fits[-1]) + 1 if fits.size else 0
+
+    def program(self, index: int) -> Program:
+        """Plan ``index``'s program as Steps (built once, kept for the most recent plans)."""
+        with self._lock:
+            found = self._programs.get(index)
+            if found is not None:
+                self._programs.move_to_end(index)
+                return found
         tp = self.plans[index]
-        program = Program.of((self.units[u], c) for u, c in zip(tp.units.tolist(), tp.samples.tolist()))
+        names = self.units
+        program = Program(tuple(Step(names[u], c) for u, c in
+                                zip(tp.units.tolist(), tp.samples.tolist())))
+        with self._lock:
+            self._programs[index] = program
+            while len(self._programs) > _PROGRAM_CACHE:
+                self._programs.popitem(last=False)
+        return program
+
+    def plan(self, index: int, r: int, budget: int) -> Plan:
+        """Plan ``index`` (of r samples) as a Plan, for a budget of ``budget`` bytes."""
+        tp = self.plans[index]
         return Plan(solver=self.solver, objective=self.objective, batch=r, budget_bytes=budget,
-                    slot_bytes=self.slot_bytes, program=program, cost=tp.cost,
-                    time_total=tp.time_total, peak_bytes=tp.peak_bytes)
+                    slot_bytes=self.slot_bytes, program=self.program(index), cost=tp.cost,
+                    time_total=tp.time_total, peak_bytes=tp.model_peak_bytes,
+                    executor_peak_bytes=tp.peak_bytes, splits=tp.splits)
 
     def lookup(self, r: int, free_bytes: int) -> Plan:
-        """The best plan of r samples that fits in ``free_bytes``, or InfeasibleError saying
-        how many bytes are missing. Above the table's top the top plan is returned."""
-        row = self.row(r)
-        if isinstance(free_bytes, bool) or not isinstance(free_bytes, int) or free_bytes < 0:
-            raise UsageError(f"free memory must be a whole number of bytes >= 0, got {free_bytes!r}")
-        m = slots_down(free_bytes, self.slot_bytes)
-        k = int(np.searchsorted(row.breakpoints, m, side="right")) - 1
-        if k < 0:
-            if len(row.breakpoints) == 0:
-                raise InfeasibleError(
-                    f"{self.solver} has no plan of {r} samples below the table's top of "
-                    f"{self.top_bytes} bytes: build the table with more slots or a smaller request")
-            need = int(row.breakpoints[0]) * self.slot_bytes
-            raise InfeasibleError(
-                f"no {self.solver} plan of {r} samples fits in {free_bytes} bytes: the smallest "
-                f"needs {need} bytes, {need - free_bytes} more; free memory or ask for fewer samples")
-        return self._plan(int(row.plans[k]), r, free_bytes)
+        """The best plan of r samples that fits in ``free_bytes``, or InfeasibleError."""
+        return self.plan(self.find(r, free_bytes), r, free_bytes)
 
     def plans_for(self, r: int) -> list[tuple[int, Plan]]:
-        """(breakpoint in bytes, plan) for every distinct plan of r samples, ascending."""
+        """(breakpoint in bytes, plan) for every plan of r samples, ascending."""
         row = self.row(r)
-        return [(int(bp) * self.slot_bytes, self._plan(int(p), r, int(bp) * self.slot_bytes))
-                for bp, p in zip(row.breakpoints, row.plans)]
+        return [(int(peak), self.plan(int(p), r, int(peak))) for peak, p in zip(row.peaks, row.plans)]
 
-    def largest_batch_within(self, free_bytes: int, latency_s: float) -> Plan:
-        """The paper's latency bound: the plan of the largest r that fits in ``free_bytes`` and
-        finishes all r samples within ``latency_s`` seconds; InfeasibleError if none does."""
+    def largest_batch_within(self, free_bytes: int, latency_s: float) -> int:
+        """The paper's latency bound: the largest r whose plan for ``free_bytes`` finishes all
+        r samples within ``latency_s`` seconds; InfeasibleError if none does."""
         if not (isinstance(latency_s, (int, float)) and latency_s >= 0 and not math.isnan(latency_s)):
             raise UsageError(f"latency bound must be a number of seconds >= 0, got {latency_s!r}")
         fastest = math.inf
         for r in range(self.batch_max, 0, -1):
             try:
-                plan = self.lookup(r, free_bytes)
+                index = self.find(r, free_bytes)
             except InfeasibleError:
                 continue
-            if plan.time_total <= latency_s:
-                return plan
-            fastest = min(fastest, plan.time_total)
+            time = self.plans[index].time_total
+            if time <= latency_s:
+                return r
+            fastest = min(fastest, time)
         if fastest == math.inf:
             raise InfeasibleError(f"no plan of any request size fits in {free_bytes} bytes")
         raise InfeasibleError(f"no request size finishes within {latency_s} s in {free_bytes} "
@@ -145,146 +203,259 @@ class PlanTable:
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA, "fingerprint": self.fingerprint, "solver": self.solver,
-            "objective": self.objective, "slot_bytes": self.slot_bytes, "slots": self.slots,
+            "objective": self.objective, "slot_bytes": self.slot_bytes, "granule": self.granule,
             "batch_max": self.batch_max, "units": list(self.units),
             "plans": [{"id": p.plan_id, "cost": p.cost, "time": p.time_total, "peak": p.peak_bytes,
-                       "steps": np.stack([p.units, p.samples], axis=1).reshape(-1).tolist()}
+                       "model_peak": p.model_peak_bytes,
+                       "steps": np.stack([p.units, p.samples], axis=1).reshape(-1).tolist(),
+                       "splits": [[k, *sizes] for k, sizes in p.splits],
+                       "unit_peaks": p.unit_peaks.tolist()}
                       for p in self.plans],
-            "rows": [{"r": r + 1, "breakpoints": row.breakpoints.tolist(), "plans": row.plans.tolist()}
+            "rows": [{"r": r + 1, "peaks": row.peaks.tolist(), "plans": row.plans.tolist()}
                      for r, row in enumerate(self.rows)],
         }
 
     def to_bytes(self) -> bytes:
-        """zlib-compressed JSON (schema vbs.table/1)."""
+        """zlib-compressed JSON (schema vbs.table/2)."""
         text = json.dumps(self.to_json(), separators=(",", ":"), allow_nan=False)
         return zlib.compress(text.encode(), 6)
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "PlanTable":
+    def from_bytes(cls, data: bytes) -> PlanTable:
+        """A table from its bytes; TableFormatError (saying what is wrong) for anything else."""
         try:
-            raw = json.loads(zlib.decompress(data))
+            inflate = zlib.decompressobj()
+            text = inflate.decompress(data, MAX_TABLE_BYTES)
+            if inflate.unconsumed_tail:
+                raise TableFormatError(f"plan table decompresses to more than {MAX_TABLE_BYTES} bytes: "
+                                 "refused; rebuild it with `vbs plan`")
+            raw = json.loads(text)
         except (zlib.error, UnicodeDecodeError, json.JSONDecodeError, TypeError) as exc:
-            raise StoreError(f"plan table bytes cannot be read ({exc}): rebuild it with `vbs plan`") from exc
+            raise TableFormatError(f"plan table bytes cannot be read ({exc}): rebuild it with "
+                             "`vbs plan`") from exc
         return cls.from_json(raw)
 
     @classmethod
-    def from_json(cls, raw: Any) -> "PlanTable":
-        if not isinstance(raw, dict) or raw.get("schema") != SCHEMA:
-            got = raw.get("schema") if isinstance(raw, dict) else type(raw).__name__
-            raise StoreError(f"not a plan table of schema {SCHEMA!r} (got {got!r}): rebuild it with `vbs plan`")
+    def from_json(cls, raw: Any) -> PlanTable:
+        got = raw.get("schema") if isinstance(raw, dict) else type(raw).__name__
+        if got in OLD_SCHEMAS:
+            raise TableFormatError(f"plan table of old schema {got!r}: its budgets are the DP's model "
+                             f"of memory, not what the executor allocates; re-plan it with "
+                             f"`vbs plan --replan` (schema {SCHEMA!r})")
+        if got != SCHEMA:
+            raise TableFormatError(f"not a plan table of schema {SCHEMA!r} (got {got!r}): rebuild it "
+                             "with `vbs plan`")
         try:
-            plans = []
-            for p in raw["plans"]:
-                steps = np.asarray(p["steps"], dtype=np.int32).reshape(-1, 2)
-                plans.append(TablePlan(str(p["id"]), steps[:, 0].copy(), steps[:, 1].copy(),
-                                       float(p["cost"]), float(p["time"]), int(p["peak"])))
-            rows = [TableRow(np.asarray(row["breakpoints"], dtype=np.int64),
+            units = tuple(str(u) for u in raw["units"])
+            plans = [_plan_from_json(p, len(units)) for p in raw["plans"]]
+            rows = [TableRow(np.asarray(row["peaks"], dtype=np.int64),
                              np.asarray(row["plans"], dtype=np.int64)) for row in raw["rows"]]
             table = cls(fingerprint=str(raw["fingerprint"]), solver=str(raw["solver"]),
                         objective=str(raw["objective"]), slot_bytes=int(raw["slot_bytes"]),
-                        slots=int(raw["slots"]), batch_max=int(raw["batch_max"]),
-                        units=tuple(str(u) for u in raw["units"]), plans=tuple(plans),
-                        rows=tuple(rows))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StoreError(f"plan table is malformed ({exc!r}): rebuild it with `vbs plan`") from exc
-        if len(table.rows) != table.batch_max or any(
-                len(r.breakpoints) != len(r.plans) or (len(r.plans) and r.plans.max() >= len(plans))
-                for r in table.rows):
-            raise StoreError("plan table rows do not match its plans: rebuild it with `vbs plan`")
+                        granule=int(raw["granule"]), batch_max=int(raw["batch_max"]),
+                        units=units, plans=tuple(plans), rows=tuple(rows))
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            raise TableFormatError(f"plan table is malformed ({exc!r}): rebuild it with `vbs plan`") from exc
+        problem = _check(table)
+        if problem:
+            raise TableFormatError(f"plan table is malformed ({problem}): rebuild it with `vbs plan`")
         return table
+
+
+def _plan_from_json(p: Any, n_units: int) -> TablePlan:
+    steps = np.asarray(p["steps"], dtype=np.int64)
+    if steps.ndim != 1 or steps.size == 0 or steps.size % 2:
+        raise ValueError(f"plan {p.get('id')!r}: steps must be a flat list of (unit, samples) pairs")
+    steps = steps.reshape(-1, 2)
+    if steps[:, 0].min() < 0 or steps[:, 0].max() >= n_units or steps[:, 1].min() < 1:
+        raise ValueError(f"plan {p.get('id')!r}: a step names a unit outside 0..{n_units - 1} "
+                         "or runs fewer than 1 sample")
+    unit_peaks = np.asarray(p["unit_peaks"], dtype=np.int64)
+    if unit_peaks.shape != (n_units,):
+        raise ValueError(f"plan {p.get('id')!r}: unit_peaks must have one value per unit")
+    splits = tuple((int(s[0]), tuple(int(n) for n in s[1:])) for s in p["splits"])
+    if any(not 0 <= k < len(steps) or len(sizes) < 2 or min(sizes) < 1 for k, sizes in splits):
+        raise ValueError(f"plan {p.get('id')!r}: a split names no step or has a piece < 1")
+    return TablePlan(str(p["id"]), steps[:, 0].astype(np.int32), steps[:, 1].astype(np.int32),
+                     float(p["cost"]), float(p["time"]), int(p["peak"]), int(p["model_peak"]),
+                     splits, unit_peaks)
+
+
+def _check(table: PlanTable) -> str:
+    """What is inconsistent in a table read from bytes ('' when nothing)."""
+    if table.batch_max < 1 or len(table.rows) != table.batch_max:
+        return f"{len(table.rows)} rows for batch_max {table.batch_max}"
+    if table.granule < 1 or table.slot_bytes < 1:
+        return "granule and slot_bytes must be >= 1"
+    for r, row in enumerate(table.rows, start=1):
+        if row.peaks.shape != row.plans.shape or row.peaks.ndim != 1:
+            return f"row {r}: peaks and plans differ in length"
+        if len(row.plans) and (row.plans.min() < 0 or row.plans.max() >= len(table.plans)):
+            return f"row {r}: a plan index is outside 0..{len(table.plans) - 1}"
+        if len(row.peaks) and (row.peaks[0] < 0 or np.any(np.diff(row.peaks) <= 0)):
+            return f"row {r}: peaks are not strictly ascending bytes"
+        if any(table.plans[int(p)].peak_bytes != int(b) for b, p in zip(row.peaks, row.plans)):
+            return f"row {r}: a breakpoint is not its plan's peak"
+    return ""
 
 
 # --------------------------------------------------------------------------- building
 
 
-def _row_from_changes(changes: list[tuple[int, int]]) -> TableRow:
-    return TableRow(np.array([m for m, _ in changes], dtype=np.int64),
-                    np.array([p for _, p in changes], dtype=np.int64))
+@dataclass(frozen=True)
+class _Candidate:
+    """A program a solver proposes for r samples, with its figures and the solver's rank."""
+
+    pairs: tuple[tuple[int, int], ...]  # (global unit index, samples) per step
+    cost: float
+    time: float
+    model_peak: int
+    rank: float  # lower is preferred at the same memory
+
+
+class _Layouts:
+    """Executor layouts of candidate programs, walked once per program (shared by solvers)."""
+
+    def __init__(self, inst: Instance, names: tuple[str, ...]) -> None:
+        if inst.tree is None:
+            raise UsageError("a plan table needs the profile's tree to lay out the executor's "
+                             "memory: build it from a Profile")
+        self.inst = inst
+        self.names = names
+        self.done: dict[tuple[int, str], tuple[str, Layout]] = {}
+        self.walks = 0
+
+    def of(self, r: int, pairs: tuple[tuple[int, int], ...]) -> tuple[str, Layout]:
+        pid = program_id((self.names[u], c) for u, c in pairs)
+        found = self.done.get((r, pid))
+        if found is None:
+            steps = [Step(self.names[u], c) for u, c in pairs]
+            found = (pid, layout(self.inst.tree, steps, r, granule=self.inst.granule))  # type: ignore[arg-type]
+            self.done[(r, pid)] = found
+            self.walks += 1
+        return found
+
+
+def _candidates(inst: Instance, solver: str, slot: int, M: int,
+                dp: Callable[[str], ChainTables], r: int) -> list[_Candidate]:
+    """The programs ``solver`` proposes for r samples, each with the solver's rank.
+
+    vbs proposes the paper's and the baselines' programs too (ranked by cost like its own):
+    the DPs choose by their model of memory, in which pieces are rounded up to whole slots (a
+    uniform batch of 1 over r samples holds r small outputs, each rounded up) and chunks are
+    released sample by sample, while the executor's exact peaks show what really fits; a
+    program another strategy found can be the better one at some budgets. So at every budget
+    vbs is at least as good as paper, fbs, fbs-best and greedy by the table's own accounting.
+    """
+    index = inst.global_index
+    units = inst.global_units
+
+    def of_pairs(pairs: list[tuple[str, int]], peak: int, rank: float | None) -> _Candidate:
+        cost, time = baselines.program_costs(inst, pairs)
+        return _Candidate(tuple((index[u], c) for u, c in pairs), cost, time, peak,
+                          cost if rank is None else rank)
+
+    if solver in ("vbs", "paper"):
+        tables = dp(solver)
+        row = tables.top()[r]
+        prev = np.concatenate(([np.inf], row[:-1]))
+        out = []
+        for m in np.nonzero(row < prev)[0].tolist():
+            raw = tables.plan(r, m)
+            assert raw is not None
+            pairs = tuple(zip(raw.units.tolist(), raw.samples.tolist()))
+            time = (raw.cost if inst.objective == "time"
+                    else math.fsum(units[u].time_at(c) for u, c in pairs))
+            out.append(_Candidate(pairs, raw.cost, time, raw.peak, raw.cost))
+        if solver == "vbs":
+            out += [replace(c, rank=c.cost) for other in ("paper", "fbs", "greedy")
+                    for c in _candidates(inst, other, slot, M, dp, r)]
+        return out
+    if solver in ("fbs", "fbs-best"):
+        return [of_pairs(baselines.fbs_program(inst, c, r), baselines.fbs_peak(inst, c, r),
+                         -c if solver == "fbs" else None) for c in range(1, r + 1)]
+    greedy = baselines.greedy_units(inst, r, slot)
+    out, last = [], None
+    for m in sorted({n for gu in greedy for n in gu.need_by_batch if n <= M}):
+        choice = baselines.greedy_choice(greedy, m)
+        if choice is None or choice == last:
+            continue
+        last = choice
+        out.append(of_pairs(baselines.greedy_program(greedy, choice, r),
+                            baselines.greedy_peak(inst, choice, r), -m))
+    return out
+
+
+def _frontier(inst: Instance, layouts: _Layouts, r: int, candidates: Iterable[_Candidate],
+              add: Callable[[TablePlan], int]) -> TableRow:
+    """The row of r: by ascending executor peak, every candidate ranked above all before it."""
+    laid = []
+    for cand in candidates:
+        pid, lay = layouts.of(r, cand.pairs)
+        laid.append((lay.peak, cand.rank, pid, lay, cand))
+    laid.sort(key=lambda t: (t[0], t[1]))
+    peaks: list[int] = []
+    plans: list[int] = []
+    best = math.inf
+    n_units = len(layouts.names)
+    for peak, rank, pid, lay, cand in laid:
+        if rank >= best:
+            continue
+        best = rank
+        arr = np.array(cand.pairs, dtype=np.int32).reshape(-1, 2)
+        unit_peaks = np.zeros(n_units, dtype=np.int64)
+        np.maximum.at(unit_peaks, arr[:, 0], np.asarray(lay.needs, dtype=np.int64))
+        plan = TablePlan(pid, arr[:, 0].copy(), arr[:, 1].copy(), cand.cost, cand.time, peak,
+                         cand.model_peak, tuple((k, tuple(v)) for k, v in lay.splits.items()),
+                         unit_peaks)
+        peaks.append(peak)
+        plans.append(add(plan))
+    return TableRow(np.array(peaks, dtype=np.int64), np.array(plans, dtype=np.int64))
+
+
+def build_tables(model: Profile | Instance, solvers: Sequence[str] = ("vbs",), *,
+                 objective: str = "time", slot_bytes: int | None = None,
+                 slot_count: int = DEFAULT_SLOT_COUNT) -> dict[str, PlanTable]:
+    """One table per solver, every r = 1..batch_max at every budget, executor layouts walked
+    once per distinct program across the solvers."""
+    for solver in solvers:
+        if solver not in SOLVERS:
+            raise UsageError(f"unknown solver {solver!r}; use one of {', '.join(SOLVERS)}")
+    # The request is its caller's (allocated before the plan is chosen), as the executor counts.
+    inst = (instance_of(model, objective) if isinstance(model, Instance)
+            else build_instance(model, objective, count_request=False))
+    slot = check_slot_bytes(slot_bytes) if slot_bytes is not None else default_slot_bytes(inst, slot_count)
+    M = table_slots(inst, slot)
+    names = tuple(u.name for u in inst.global_units)
+    layouts = _Layouts(inst, names)
+    dps: dict[str, ChainTables] = {}
+
+    def dp(mode: str) -> ChainTables:
+        if mode not in dps:
+            dps[mode] = ChainTables(inst, mode, slot, M)
+        return dps[mode]
+
+    out = {}
+    for solver in solvers:
+        plans: list[TablePlan] = []
+        by_id: dict[str, int] = {}
+
+        def add(plan: TablePlan) -> int:
+            if plan.plan_id not in by_id:
+                by_id[plan.plan_id] = len(plans)
+                plans.append(plan)
+            return by_id[plan.plan_id]
+
+        rows = tuple(_frontier(inst, layouts, r, _candidates(inst, solver, slot, M, dp, r), add)
+                     for r in range(1, inst.batch_max + 1))
+        out[solver] = PlanTable(fingerprint=inst.fingerprint, solver=solver, objective=objective,
+                                slot_bytes=slot, granule=inst.granule, batch_max=inst.batch_max,
+                                units=names, plans=tuple(plans), rows=rows)
+    return out
 
 
 def build_table(model: Profile | Instance, *, solver: str = "vbs", objective: str = "time",
                 slot_bytes: int | None = None, slot_count: int = DEFAULT_SLOT_COUNT) -> PlanTable:
-    """Solve once for every r = 1..batch_max and every budget of 0..M slots."""
-    if solver not in SOLVERS:
-        raise UsageError(f"unknown solver {solver!r}; use one of {', '.join(SOLVERS)}")
-    inst = instance_of(model, objective)
-    slot = check_slot_bytes(slot_bytes) if slot_bytes is not None else default_slot_bytes(inst, slot_count)
-    M = table_slots(inst, slot)
-    names = tuple(u.name for u in inst.global_units)
-    index = inst.global_index
-    plans: list[TablePlan] = []
-    rows: list[TableRow] = []
-
-    def add(units: np.ndarray, samples: np.ndarray, cost: float, time: float, peak: int) -> int:
-        pid = program_id((names[u], c) for u, c in zip(units.tolist(), samples.tolist()))
-        plans.append(TablePlan(pid, units.astype(np.int32), samples.astype(np.int32),
-                               cost, time, peak))
-        return len(plans) - 1
-
-    def add_pairs(pairs: list[tuple[str, int]], peak: int) -> int:
-        cost, time = baselines.program_costs(inst, pairs)
-        return add(np.array([index[u] for u, _ in pairs]), np.array([c for _, c in pairs]),
-                   cost, time, peak)
-
-    if solver in ("vbs", "paper"):
-        tables = ChainTables(inst, solver, slot, M)
-        top = tables.top()
-        times = np.array([[0.0] + list(u.time) for u in inst.global_units])  # [unit, b]
-        for r in range(1, inst.batch_max + 1):
-            row = top[r]
-            prev = np.concatenate(([np.inf], row[:-1]))
-            changes = []
-            for m in np.nonzero(row < prev)[0].tolist():
-                raw = tables.plan(r, m)
-                assert raw is not None
-                time = (raw.cost if objective == "time"
-                        else math.fsum(times[raw.units, raw.samples].tolist()))
-                changes.append((m, add(raw.units, raw.samples, raw.cost, time, raw.peak)))
-            rows.append(_row_from_changes(changes))
-    elif solver == "fbs":
-        for r in range(1, inst.batch_max + 1):
-            changes: list[tuple[int, int]] = []
-            best = 0
-            for m, c in sorted((baselines.fbs_slots(inst, c, r, slot), c) for c in range(1, r + 1)):
-                if c > best and m <= M:  # the largest batch that fits from m slots up
-                    best = c
-                    pid = add_pairs(baselines.fbs_program(inst, c, r), baselines.fbs_peak(inst, c, r))
-                    if changes and changes[-1][0] == m:
-                        changes[-1] = (m, pid)
-                    else:
-                        changes.append((m, pid))
-            rows.append(_row_from_changes(changes))
-    else:
-        for r in range(1, inst.batch_max + 1):
-            units = baselines.greedy_units(inst, r, slot)
-            points = sorted({n for gu in units for n in gu.need_by_batch if n <= M})
-            changes, last = [], None
-            for m in points:
-                choice = baselines.greedy_choice(units, m)
-                if choice is None or choice == last:
-                    continue
-                last = choice
-                changes.append((m, add_pairs(baselines.greedy_program(units, choice, r),
-                                             baselines.greedy_peak(inst, choice, r))))
-            rows.append(_row_from_changes(changes))
-    plans_t, rows_t = _compact(plans, rows)
-    return PlanTable(fingerprint=inst.fingerprint, solver=solver, objective=objective,
-                     slot_bytes=slot, slots=M, batch_max=inst.batch_max, units=names,
-                     plans=plans_t, rows=rows_t)
-
-
-def _compact(plans: list[TablePlan], rows: list[TableRow]) -> tuple[tuple[TablePlan, ...], tuple[TableRow, ...]]:
-    """Keep only plans some row uses, each program once (equal ids are equal programs)."""
-    used = sorted({int(p) for row in rows for p in row.plans})
-    by_id: dict[str, int] = {}
-    keep: list[TablePlan] = []
-    remap: dict[int, int] = {}
-    for old in used:
-        pid = plans[old].plan_id
-        if pid not in by_id:
-            by_id[pid] = len(keep)
-            keep.append(plans[old])
-        remap[old] = by_id[pid]
-    new_rows = tuple(TableRow(row.breakpoints, np.array([remap[int(p)] for p in row.plans], dtype=np.int64))
-                     for row in rows)
-    return tuple(keep), new_rows
+    """The table of one solver (see ``build_tables``)."""
+    return build_tables(model, (solver,), objective=objective, slot_bytes=slot_bytes,
+                        slot_count=slot_count)[solver]

@@ -3,13 +3,17 @@
 Keys are namespaced under ``vbs`` and versioned (``v1``) so that a future change of layout
 can live beside this one in the same Redis database::
 
-    vbs:v1:table:<fingerprint>           the table blob (bytes the solver wrote)
-    vbs:v1:table:<fingerprint>:meta      JSON: the caller's meta plus "version" and "stored_at"
-    vbs:v1:table:<fingerprint>:version   integer, raised by one on every put of that fingerprint
+    vbs:v1:table:<table-id>              the table blob (bytes the solver wrote)
+    vbs:v1:table:<table-id>:meta         JSON: the caller's meta plus "version" and "stored_at"
+    vbs:v1:table:<table-id>:version      integer, raised by one on every put of that table
     vbs:v1:profile:<fingerprint>         profile JSON bytes
-    vbs:v1:model:<model-key>             the fingerprint of the current table of that model
-    vbs:v1:index:tables                  set of every fingerprint that has a table
+    vbs:v1:model:<model-key>             the table id of the current table of that model
+    vbs:v1:index:tables                  set of every table id that has a table
     vbs:v1:tables                        pub/sub channel: one announcement per stored table
+
+A table id (``table_id``) is ``<profile fingerprint>.<solver>.<objective>``: the table names
+what it holds, so services with different VBS_SOLVER sharing one store never overwrite each
+other's tables. The store's methods call it ``fingerprint``: to the store it is an opaque key.
 
 The local back end mirrors the same names as files (see ``planner.store.local``). Names are
 checked here so that no fingerprint can escape its key (``:``) or its directory (``/``).
@@ -47,6 +51,11 @@ def check_model_key(model_key: str) -> str:
             f"model key {model_key!r} is not valid: use 1 to {_MODEL_KEY_MAX} printable "
             "characters without leading or trailing spaces")
     return model_key
+
+
+def table_id(fingerprint: str, solver: str, objective: str) -> str:
+    """The key part of the table solved by ``solver`` for ``objective`` from one profile."""
+    return check_fingerprint(f"{fingerprint}.{solver}.{objective}")
 
 
 def table_key(fingerprint: str) -> str:

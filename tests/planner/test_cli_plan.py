@@ -7,11 +7,11 @@ import random
 import pytest
 
 from planner.cli import main
-from planner.errors import InfeasibleError
-from planner.pipeline import model_key
+from planner.errors import InfeasibleError, TableFormatError
 from planner.models import ModelSpec
-from planner.solver.compare import compare, render
-from planner.solver.table import PlanTable
+from planner.pipeline import model_key
+from planner.solver.compare import STRATEGIES, compare, render
+from planner.solver.table import PlanTable, build_tables
 from planner.store import open_store
 
 MODEL = "tiny=tests.planner.factories:two_layer@3x8x8"
@@ -32,10 +32,15 @@ def test_plan_publishes_a_table_that_reads_back_with_the_same_lookups(backend, r
     assert "solved and published" in out
     store = open_store(location)
     spec = ModelSpec("tests.planner.factories:two_layer", input_shape=(3, 8, 8))
-    fingerprint = store.get_model(model_key(spec))
-    assert fingerprint
-    table = PlanTable.from_bytes(store.get_table(fingerprint).blob)
-    assert store.get_profile(fingerprint)
+    tid = store.get_model(model_key(spec, "vbs", "time"))
+    assert tid and tid.endswith(".vbs.time")
+    table = PlanTable.from_bytes(store.get_table(tid).blob)
+    assert table.solver == "vbs" and table.objective == "time"
+    fingerprint = tid.removesuffix(".vbs.time")
+    assert table.fingerprint == fingerprint and store.get_profile(fingerprint)
+    # Every compared strategy has its own table under its own id.
+    stored = {info.fingerprint for info in store.list_tables()}
+    assert stored == {f"{fingerprint}.{s}.time" for s in ("vbs", "paper", "greedy", "fbs", "fbs-best")}
     # Planning again finds the table in the store.
     assert "already in the store" in _plan(location, tmp_path, capsys)
     # The table as read back answers every lookup as the planner's own table.
@@ -59,9 +64,47 @@ def test_replan_publishes_a_new_version(tmp_path, capsys) -> None:
     location = str(tmp_path / "store")
     _plan(location, tmp_path, capsys)
     store = open_store(location)
-    [info] = store.list_tables()
+    before = store.list_tables()
+    assert len(before) == 5
     _plan(location, tmp_path, capsys, "--replan")
-    assert store.table_version(info.fingerprint) == info.version + 1
+    for info in before:
+        assert store.table_version(info.fingerprint) == info.version + 1
+
+
+def test_services_with_different_solvers_share_a_store(tmp_path, capsys) -> None:
+    """A store planned for vbs then for fbs (VBS_SOLVER differs) keeps both served tables."""
+    location = str(tmp_path / "store")
+    _plan(location, tmp_path, capsys)
+    store = open_store(location)
+    spec = ModelSpec("tests.planner.factories:two_layer", input_shape=(3, 8, 8))
+    vbs_id = store.get_model(model_key(spec, "vbs", "time"))
+    vbs_version = store.table_version(vbs_id)
+    assert "already in the store" in _plan(location, tmp_path, capsys, "--solver", "fbs")
+    fbs_id = store.get_model(model_key(spec, "fbs", "time"))
+    assert fbs_id != vbs_id
+    assert store.table_version(vbs_id) == vbs_version  # not overwritten
+    assert PlanTable.from_bytes(store.get_table(vbs_id).blob).solver == "vbs"
+    assert PlanTable.from_bytes(store.get_table(fbs_id).blob).solver == "fbs"
+
+
+def test_an_old_format_table_is_planned_again(tmp_path, capsys) -> None:
+    """A table of schema vbs.table/1 under the served key is never read as a new one."""
+    import json
+    import zlib
+
+    location = str(tmp_path / "store")
+    _plan(location, tmp_path, capsys)
+    store = open_store(location)
+    spec = ModelSpec("tests.planner.factories:two_layer", input_shape=(3, 8, 8))
+    tid = store.get_model(model_key(spec, "vbs", "time"))
+    version = store.table_version(tid)
+    old = zlib.compress(json.dumps({"schema": "vbs.table/1", "rows": []}).encode())
+    store.put_table(tid, old, {"model": "two_layer"})
+    with pytest.raises(TableFormatError, match="old schema.*re-plan"):
+        PlanTable.from_bytes(store.get_table(tid).blob)
+    assert "solved and published" in _plan(location, tmp_path, capsys)
+    assert store.table_version(tid) == version + 2
+    assert PlanTable.from_bytes(store.get_table(tid).blob).solver == "vbs"
 
 
 def test_show_prints_every_solver_and_the_units(tmp_path, capsys) -> None:
@@ -69,7 +112,7 @@ def test_show_prints_every_solver_and_the_units(tmp_path, capsys) -> None:
             "--store", str(tmp_path / "store"), "--quiet", "--cache-dir", str(tmp_path / "cache")]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    for word in ("vbs", "paper", "greedy", "fbs", "a", "b", "batches", "unused"):
+    for word in ("vbs", "paper", "greedy", "fbs", "fbs-best", "a", "b", "batches", "unused"):
         assert word in out
 
 
@@ -77,11 +120,15 @@ def test_compare_solvers_on_the_paper_example() -> None:
     from tests.planner.test_profile import PAPER_EXAMPLE
     from planner.tree import profile_from_json
 
-    cmp = compare(profile_from_json(PAPER_EXAMPLE), 2, 7, slot_bytes=1)
+    tables = build_tables(profile_from_json(PAPER_EXAMPLE), STRATEGIES, slot_bytes=1)
+    # 7 bytes: L2 runs one sample at a time while L1's two outputs are held (2 + 4 + 1).
+    cmp = compare(tables, 2, 7)
     assert cmp.outcome("vbs").time_per_sample == 10 and cmp.outcome("paper").time_per_sample == 10
     assert cmp.outcome("fbs").time_per_sample == 12
-    assert cmp.gain("vbs", "fbs") == pytest.approx(1.2)
-    assert cmp.outcome("vbs").simulation.usage("L2").batches == (1, 1)
+    assert cmp.outcome("fbs-best").time_per_sample == 12
+    assert cmp.gain("vbs", "fbs") == pytest.approx(1.2) == cmp.gain("vbs")
+    assert cmp.outcome("vbs").usage("L2").batches == (1, 1)
+    assert cmp.outcome("vbs").plan.executor_peak_bytes == 7
     text = render(cmp, "paper example")
     assert "1.20x" in text and "1x2" in text
 
@@ -91,5 +138,5 @@ def test_show_sweeps_budgets(tmp_path, capsys) -> None:
             "--store", str(tmp_path / "store"), "--quiet", "--cache-dir", str(tmp_path / "cache")]
     assert main(argv) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert "vbs/fbs" in lines[1] and len(lines) == 2 + 4
+    assert "vbs/fbs-best" in lines[1] and len(lines) == 2 + 4
     assert lines[-1].split()[-1].endswith("x")  # at the top budget every solver is feasible

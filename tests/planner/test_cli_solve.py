@@ -41,7 +41,8 @@ def solve_json(capsys, *argv: str) -> dict:
     return json.loads(out)
 
 
-@pytest.mark.parametrize("solver, per_image", [("vbs", 10.0), ("paper", 10.0), ("fbs", 12.0)])
+@pytest.mark.parametrize("solver, per_image", [("vbs", 10.0), ("paper", 10.0), ("fbs", 12.0),
+                                               ("fbs-best", 12.0)])
 def test_paper_example_json(capsys, example, solver, per_image):
     out = solve_json(capsys, "--profile", str(example), "--memory", "7", "--batch", "2",
                      "--slot-bytes", "1", "--solver", solver)
@@ -52,7 +53,10 @@ def test_paper_example_json(capsys, example, solver, per_image):
     sim = simulate(profile_from_json(json.loads(PAPER_EXAMPLE_JSON)), program, 2, 7)
     assert sim.time_total == out["time_total"] and sim.peak_bytes == out["peak_bytes"]
     assert set(out) >= {"feasible", "time_total", "time_per_sample", "peak_bytes", "program",
-                        "solver", "memory_budget", "slot_bytes"}
+                        "solver", "memory_budget", "slot_bytes", "executor_peak_bytes"}
+    # What the executor allocates for the same program: the request is its caller's, so at most
+    # the DP's figure here (no chunk is read in several views beyond what it holds anyway).
+    assert 0 < out["executor_peak_bytes"] <= 7
 
 
 def test_infeasible_is_an_answer_with_nulls(capsys, example):

@@ -48,6 +48,29 @@ def test_fbs_is_the_largest_uniform_batch_that_fits(tree):
             assert phases == baselines.fbs_phases(c, r)
 
 
+def test_fbs_best_is_the_fastest_uniform_batch_that_fits(tree):
+    """Under the DP's model: among the uniform batches that fit, the cheapest; never slower
+    than fbs, which takes the largest; vbs is never slower than either."""
+    slot, bs = budgets(tree)
+    for budget in bs:
+        for r in (1, 4, 6):
+            m = budget // slot
+            fits = [c for c in range(1, r + 1) if baselines.fbs_slots(tree, c, r, slot) <= m]
+            try:
+                plan = solve(tree, r, budget, solver="fbs-best", slot_bytes=slot)
+            except InfeasibleError:
+                assert not fits
+                continue
+            cheapest = min(fits, key=lambda c: (baselines.fbs_cost(tree, c, r), -c))
+            assert plan.program.steps[0].samples == cheapest
+            assert plan.cost == pytest.approx(baselines.fbs_cost(tree, cheapest, r))
+            assert plan.cost <= solve(tree, r, budget, solver="fbs", slot_bytes=slot).cost + 1e-12
+            assert solve(tree, r, budget, solver="vbs", slot_bytes=slot).cost <= plan.cost + 1e-12
+            sim = simulate(tree, plan.program, r, budget, slot_bytes=slot)
+            assert sim.peak_bytes == plan.peak_bytes and sim.cost == pytest.approx(plan.cost)
+            assert plan.executor_peak_bytes > 0
+
+
 def test_greedy_runs_layer_by_layer_at_the_largest_batch_its_rule_allows():
     inst = build_instance(resnet50_like(6, seed=4))
     slot, bs = budgets(inst)

@@ -49,14 +49,16 @@ def check_against_oracle(profile, r, budget, slot=1):
     vbs = checked(profile, r, budget, "vbs", slot)
     paper = checked(profile, r, budget, "paper", slot)
     fbs = checked(profile, r, budget, "fbs", slot)
+    fbs_best = checked(profile, r, budget, "fbs-best", slot)
     greedy = checked(profile, r, budget, "greedy", slot)
     assert best <= vbs + TOL
     assert vbs <= paper + TOL, "vbs must never be worse than the paper's DP"
-    assert vbs <= fbs + TOL and vbs <= greedy + TOL, "vbs must never be worse than a baseline"
+    assert vbs <= fbs_best + TOL <= fbs + 2 * TOL and vbs <= greedy + TOL, \
+        "vbs must never be worse than a baseline, nor fbs-best than fbs"
     if paper < math.inf:
         assert vbs < math.inf
     if best == math.inf:
-        assert vbs == paper == fbs == greedy == math.inf
+        assert vbs == paper == fbs == fbs_best == greedy == math.inf
     return best, vbs, paper
 
 

@@ -262,7 +262,8 @@ def test_metrics_count_requests_batches_and_memory(client: httpx.Client) -> None
     assert value('vbs_queue_time_seconds_count{model="tiny"}') >= 1
     assert value('vbs_batch_size_count{model="tiny"}') >= 1
     assert value('vbs_free_memory_bytes{model="tiny"}') > 0
-    assert value('vbs_plan_budget_bytes{model="tiny"}') > 0
+    assert value('vbs_plan_peak_bytes{model="tiny"}') > 0
+    assert value('vbs_plan_choice_seconds_count{model="tiny"}') >= 1
     assert value('vbs_model_ready{model="tiny"}') == 1
     assert value("vbs_store_errors_total") == 0
     for name in ("vbs_oom_retries_total", "vbs_table_reloads_total"):

@@ -6,11 +6,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from planner.errors import InfeasibleError
-from planner.solver.simulate import simulate
-from planner.solver.solve import solve
 from service.main import create_app
 from tests.service.conftest import ServerThread, assert_error, settings_for
 
@@ -24,7 +23,7 @@ def server(vbs_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 def test_plan_matches_the_table_and_the_baselines(server: ServerThread, client: httpx.Client) -> None:
     entry = server.app.state.registry.entries["tiny"]
-    table, profile = entry.table, entry.prepared.profile
+    table = entry.table
     plans = table.plans_for(4)
     # a budget between the smallest and the largest plan of 4 samples: the plan is constrained
     budget = (plans[0][0] + plans[-1][0]) // 2
@@ -33,32 +32,60 @@ def test_plan_matches_the_table_and_the_baselines(server: ServerThread, client: 
     body = r.json()
     assert body["model"] == "tiny" and body["batch"] == 4 and body["memory_budget"] == budget
     assert body["memory_source"] == "query" and body["table_version"] == 1
+    assert body["table_id"] == f"{entry.fingerprint}.vbs.time" and body["baseline"] == "fbs-best"
     want = table.lookup(4, budget)
     plan = body["plan"]
     assert plan["feasible"] and plan["plan_id"] == want.plan_id
     assert plan["time_total_s"] == pytest.approx(want.time_total)
     assert plan["time_per_sample_s"] == pytest.approx(want.time_total / 4)
     assert plan["throughput_per_s"] == pytest.approx(4 / want.time_total)
-    assert plan["peak_bytes"] <= budget
-    sim = simulate(profile, want.program, 4, budget, slot_bytes=table.slot_bytes)
-    assert plan["units"] == [{"unit": u.name, "batches": list(u.batches),
-                              "unused_bytes": list(u.unused_bytes)} for u in sim.units]
+    # the table's exact figure: what the executor allocates, within the budget
+    assert plan["peak_bytes"] == plan["breakpoint_bytes"] == want.executor_peak_bytes <= budget
+    assert plan["unused_bytes"] == budget - plan["peak_bytes"]
+    assert plan["program"] == want.program.to_json()
+    seen = [u["unit"] for u in plan["units"]]
+    assert seen == list(dict.fromkeys(s.unit for s in want.program.steps))  # execution order
     for unit in plan["units"]:
-        assert sum(unit["batches"]) == 4 and all(b >= 0 for b in unit["unused_bytes"])
-    for solver in ("fbs", "greedy"):
+        assert sum(unit["batches"]) == 4
+        assert unit["batches"] == [s.samples for s in want.program.steps if s.unit == unit["unit"]]
+        assert 0 < unit["need_bytes"] <= plan["peak_bytes"]
+        assert unit["unused_bytes"] == budget - unit["need_bytes"] >= 0
+    for solver in ("paper", "greedy", "fbs", "fbs-best"):
         got = body[solver]
         assert got["solver"] == solver
         try:
-            direct = solve(profile, 4, budget, solver=solver, slot_bytes=table.slot_bytes)
-        except InfeasibleError as exc:  # a baseline may need more memory than the DP's plan
+            direct = entry.tables[solver].lookup(4, budget)
+        except InfeasibleError as exc:  # a baseline may need more memory than the vbs plan
             assert got["feasible"] is False and got["reason"] == " ".join(str(exc).split())
+            assert got["needs_bytes"] == int(entry.tables[solver].min_peaks[3]) > budget
             assert body["gain"][solver] is None
             continue
         assert got["feasible"] and got["plan_id"] == direct.plan_id
+        assert got["peak_bytes"] == direct.executor_peak_bytes <= budget
         assert got["time_total_s"] == pytest.approx(direct.time_total)
         assert body["gain"][solver] == pytest.approx(direct.time_total / want.time_total)
-    # the same question again is answered from the cache, identically
+        assert body["gain"][solver] >= 1 - 1e-12  # vbs is never slower by the tables
+    # the same question again is answered identically
     assert client.get("/plan", params={"mem": str(budget), "batch": 4}).json() == body
+
+
+def test_plan_and_infer_are_lookups_only(server: ServerThread, client: httpx.Client,
+                                        no_planning) -> None:
+    """Every budget from nothing to beyond the top, every request size: no DP, no walk, no
+    simulation, for /plan and for inference (batches split by the table included)."""
+    entry = server.app.state.registry.entries["tiny"]
+    table = entry.table
+    for n in (1, 3, 4, 9):  # 9 is more than the table's largest request: it runs in pieces
+        x = np.random.default_rng(n).standard_normal((n, 3, 8, 8)).astype(np.float32)
+        r = client.post("/infer", json={"inputs": x.tolist()})
+        assert r.status_code == 200, r.text
+        assert r.json()["samples"] == n
+    budgets = sorted({0, 1, table.top_bytes * 2} | {int(b) + d for r in range(1, 5)
+                                                    for b in table.row(r).peaks for d in (-1, 0)})
+    for r in range(1, 5):
+        for mem in budgets:
+            body = client.get("/plan", params={"mem": str(mem), "batch": r}).json()
+            assert body["plan"]["feasible"] == (mem >= table.min_peaks[r - 1])
 
 
 def test_plan_units_and_the_memory_free_now(client: httpx.Client) -> None:
@@ -71,11 +98,16 @@ def test_plan_units_and_the_memory_free_now(client: httpx.Client) -> None:
     assert client.get("/plan", params={"mem": "64MiB", "model": "tiny"}).status_code == 200
 
 
-def test_plan_when_nothing_fits(client: httpx.Client) -> None:
+def test_plan_when_nothing_fits(server: ServerThread, client: httpx.Client) -> None:
+    tables = server.app.state.registry.entries["tiny"].tables
     body = client.get("/plan", params={"mem": "100", "batch": 4}).json()
-    for key in ("plan", "fbs", "greedy"):
-        assert body[key]["feasible"] is False and "bytes" in body[key]["reason"]
-    assert body["gain"] == {"fbs": None, "greedy": None}
+    for key in ("plan", "paper", "greedy", "fbs", "fbs-best"):
+        answer = body[key]
+        solver = "vbs" if key == "plan" else key
+        assert answer["feasible"] is False and "needs at least" in answer["reason"]
+        assert answer["needs_bytes"] == int(tables[solver].min_peaks[3])
+        assert f"needs at least {answer['needs_bytes']} bytes" in answer["reason"]
+    assert body["gain"] == {"paper": None, "greedy": None, "fbs": None, "fbs-best": None}
 
 
 @pytest.mark.parametrize("params,status,words", [

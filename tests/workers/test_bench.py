@@ -12,7 +12,7 @@ from planner.solver.memory import parse_budgets
 
 KEYS = {"model", "strategy", "memory_budget", "batch", "time_per_sample_measured",
         "time_per_sample_predicted", "peak_bytes_measured", "peak_bytes_predicted",
-        "max_abs_error", "feasible"}
+        "peak_bytes_claimed", "max_abs_error", "feasible"}
 
 
 def test_bench_json_rows_and_outputs(tmp_path, capsys) -> None:
@@ -21,17 +21,25 @@ def test_bench_json_rows_and_outputs(tmp_path, capsys) -> None:
             "--cache-dir", str(tmp_path / "cache")]
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert {r["strategy"] for r in rows} == {"vbs", "paper", "greedy", "fbs"}
-    assert len(rows) == 3 * 4
+    assert {r["strategy"] for r in rows} == {"vbs", "paper", "greedy", "fbs", "fbs-best"}
+    assert len(rows) == 3 * 5
     for row in rows:
         assert KEYS <= set(row)
         if row["feasible"]:
             assert row["peak_bytes_measured"] <= row["memory_budget"]
-            assert row["peak_bytes_measured"] == row["peak_bytes_predicted"]  # CPU: to the byte
+            # CPU: the table's claim is what ran, to the byte, and a fresh walk agrees
+            assert row["peak_bytes_measured"] == row["peak_bytes_claimed"] == row["peak_bytes_predicted"]
             assert row["max_abs_error"] < 1e-3
             assert row["time_per_sample_measured"] > 0
+    # One accounting: the sweep starts where fbs-best runs one sample at a time, so the first
+    # budget is feasible for fbs-best and vbs; at the top every strategy but greedy runs.
+    low = [r for r in rows if r["memory_budget"] == min(x["memory_budget"] for x in rows)]
+    assert {r["strategy"] for r in low if r["feasible"]} >= {"vbs", "fbs-best", "fbs"}
     top = [r for r in rows if r["memory_budget"] == max(x["memory_budget"] for x in rows)]
-    assert all(r["feasible"] for r in top)
+    assert all(r["feasible"] for r in top if r["strategy"] != "greedy")
+    for row in top:
+        if row["strategy"] == "vbs":
+            assert row["gain_over_fbs_best"] is not None and row["gain_over_fbs"] is not None
     files = {p.name for p in (tmp_path / "out").iterdir()}
     assert {"squeezenet1_0.json", "squeezenet1_0.csv", "squeezenet1_0-time-vs-memory.png",
             "squeezenet1_0-batch-per-unit.png"} <= files

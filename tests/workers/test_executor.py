@@ -1,11 +1,11 @@
-"""The executor on real models: outputs equal model(x), and its memory is what the walk says.
+"""The executor on real models: outputs equal model(x), and its memory is what the table says.
 
 Every model of the Foundation issue is profiled at a small input and batch, planned, and run
 by a Worker at several memory limits and request sizes. For each batch: the output equals
 ``model(x)`` (bit-exact when every unit ran at the full request size; else within a stated
-tolerance, since kernels pick other algorithms at other batch sizes), the plan's executor peak
-fits in the memory the worker saw, and on the CPU the peak measured by the torch profiler
-equals the walk's prediction (to the byte, but for units whose output is a view).
+tolerance, since kernels pick other algorithms at other batch sizes), the table's claimed peak
+of the plan fits in the memory the worker saw, and on the CPU the peak measured by the torch
+profiler equals that claim (to the byte, but for units whose output is a view).
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ def _worker(name: str, dtype: str = "float32") -> Worker:
     cap = capture(loaded)
     profile = measure(cap, ProfileOptions(batch_max=B, repeats=1, warmup=0), progress=False)
     table = build_table(profile, slot_count=64)
-    return Worker(cap, profile, table, MemoryProbe("cpu"))
+    return Worker(cap, table, MemoryProbe("cpu"))
 
 
 def _smallest(worker: Worker) -> int:
     """The least memory any plan of one sample runs in."""
-    return min(worker.buffers(p).peak for _, p in worker.table.plans_for(1))
+    return int(worker.table.min_peaks[0])
 
 
 def _check(worker: Worker, r: int, limit: int) -> None:
@@ -55,7 +55,7 @@ def _check(worker: Worker, r: int, limit: int) -> None:
         expected = loaded.module(x)
     y, info = worker.infer(x, free=lambda: limit)
     scale = float(expected.abs().max()) or 1.0
-    uniform = all(step.samples == r for c in info.choices for step in c.plan.program.steps)
+    uniform = all(step.samples == r for c in info.choices for step in c.program.steps)
     if uniform and loaded.torch_dtype == torch.float32:
         assert torch.equal(y, expected)
     else:
@@ -64,8 +64,8 @@ def _check(worker: Worker, r: int, limit: int) -> None:
     for choice in info.choices:
         assert choice.peak_bytes <= limit
         if loaded.device.type == "cpu":
-            steps, splits = choice.plan.program.steps, choice.buffers.splits
-            xr = x[: choice.plan.batch]
+            steps, splits = choice.program.steps, choice.splits
+            xr = x[: choice.batch]
             measured = cpu_peaks([("run", lambda a: execute(worker.capture, steps, a, splits),
                                    lambda: xr)])["run"]
             # Equal to the byte, but where a unit's output is a view of its input (ShuffleNet's
@@ -104,7 +104,7 @@ def test_cuda_measured_peak_within_budget(dtype: str) -> None:
     loaded = load_model(ModelSpec("resnet50", input_shape=(3, 64, 64), dtype=dtype, device="cuda"))
     cap = capture(loaded)
     profile = measure(cap, ProfileOptions(batch_max=B, repeats=2), progress=False)
-    worker = Worker(cap, profile, build_table(profile, slot_count=64), MemoryProbe("cuda"))
+    worker = Worker(cap, build_table(profile, slot_count=64), MemoryProbe("cuda"))
     x = loaded.example(B)
     limit = worker.table.top_bytes // 2
     torch.cuda.synchronize()

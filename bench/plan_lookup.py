@@ -1,0 +1,146 @@
+"""How long choosing a plan and answering /plan take once the tables are built: lookups only.
+
+    python bench/plan_lookup.py --model resnet50 --batch-max 32 [--grid] [--samples 5000]
+                                [--requests 500] [--json OUT]
+
+1. ``vbs plan`` for the model into a fresh directory store (profile cached under
+   --cache-dir); the table build (every strategy's table, the executor walked for every
+   candidate plan) is the offline price of making the request path a lookup.
+2. The worker's choice (``Worker.choose``: the largest request that fits, then the plan, by
+   binary search) for r = batch_max at random free memory from below the smallest plan to
+   above the largest, on a table freshly read from the store's bytes, the very first call
+   included: p50, p99, max.
+3. ``vbs serve`` (uvicorn in this process, real HTTP on 127.0.0.1) answering GET /plan for
+   random distinct budgets and request sizes, every strategy side by side: client-side p50,
+   p99 and the server's own ``vbs_request_latency_seconds`` mean.
+
+Prints a Markdown table (docs/benchmarks.md) and, with --json, writes the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import uvicorn
+
+from planner.models import ModelSpec
+from planner.pipeline import prepare
+from planner.settings import Settings
+from planner.solver.table import PlanTable
+from planner.store import open_store
+from service.main import create_app
+from workers.memory import MemoryProbe
+from workers.worker import Worker
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def serve(settings: Settings) -> tuple[uvicorn.Server, threading.Thread, str]:
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=0,
+                                           log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    with httpx.Client(base_url=url, timeout=600) as client:
+        while client.get("/v2/health/ready").status_code != 200:
+            time.sleep(0.2)
+    return server, thread, url
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="resnet50")
+    ap.add_argument("--batch-max", type=int, default=32)
+    ap.add_argument("--slot-count", type=int, default=512)
+    ap.add_argument("--grid", action="store_true", help="profile a grid of batch sizes")
+    ap.add_argument("--samples", type=int, default=5000, help="choices timed")
+    ap.add_argument("--requests", type=int, default=500, help="/plan requests timed")
+    ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "vbs-serve"))
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args()
+
+    store_dir = Path(tempfile.mkdtemp(prefix="vbs-lookup-store-"))
+    settings = Settings(cache_dir=args.cache_dir, store=str(store_dir), batch_max=args.batch_max,
+                        slot_count=args.slot_count, models=[args.model], threads=0)
+    spec = ModelSpec(name=args.model)
+    with open_store(settings.store_location) as store:
+        prepared = prepare(spec, settings, store, batch_max=args.batch_max, grid=args.grid,
+                           progress=False)
+        stored = store.get_table(prepared.table_id)
+    blob = stored.blob
+    r = args.batch_max
+    figures: dict[str, object] = {
+        "model": args.model, "batch_max": r, "slot_count": args.slot_count,
+        "tables_build_s": stored.meta["solve_s"],
+        "plans": {s: len(t.plans) for s, t in prepared.tables.items()},
+        "table_bytes": len(blob)}
+
+    # -- the worker's choice, on a table read from its bytes, first call included -----------
+    t0 = time.perf_counter()
+    table = PlanTable.from_bytes(blob)
+    figures["table_load_s"] = round(time.perf_counter() - t0, 3)
+    worker = Worker(prepared.capture, table, MemoryProbe("cpu"))
+    rng = random.Random(0)
+    low, high = int(table.min_peaks[0]) // 2, table.top_bytes * 2
+    choice_us = []
+    for _ in range(args.samples):
+        free = rng.randint(low, high)
+        t0 = time.perf_counter()
+        try:
+            worker.choose(table, r, free)
+        except Exception:  # noqa: BLE001 - below one sample: the error is the answer
+            pass
+        choice_us.append((time.perf_counter() - t0) * 1e6)
+    figures["choice_us"] = {"first": round(choice_us[0], 1), "p50": round(pct(choice_us, .5), 1),
+                            "p99": round(pct(choice_us, .99), 1), "max": round(max(choice_us), 1)}
+
+    # -- /plan over real HTTP ---------------------------------------------------------------
+    server, thread, url = serve(settings)
+    try:
+        plan_ms = []
+        with httpx.Client(base_url=url, timeout=60) as client:
+            client.get("/plan", params={"mem": str(high)})  # connection set up
+            for _ in range(args.requests):
+                params = {"mem": str(rng.randint(low, high)), "batch": rng.randint(1, r)}
+                t0 = time.perf_counter()
+                response = client.get("/plan", params=params)
+                plan_ms.append((time.perf_counter() - t0) * 1e3)
+                assert response.status_code == 200, response.text
+            metrics = client.get("/metrics").text
+        total = count = 0.0
+        for line in metrics.splitlines():
+            if line.startswith('vbs_request_latency_seconds_sum{endpoint="plan"'):
+                total = float(line.rsplit(" ", 1)[1])
+            if line.startswith('vbs_request_latency_seconds_count{endpoint="plan"'):
+                count = float(line.rsplit(" ", 1)[1])
+        figures["plan_ms"] = {"p50": round(pct(plan_ms, .5), 2), "p99": round(pct(plan_ms, .99), 2),
+                              "max": round(max(plan_ms), 2),
+                              "server_mean": round(1e3 * total / count, 2) if count else None}
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+    c, p = figures["choice_us"], figures["plan_ms"]
+    print(f"| {args.model} | {r} | {args.slot_count} | {figures['tables_build_s']} | "
+          f"{figures['plans']['vbs']} | {figures['table_load_s']} | {c['first']} | {c['p50']} | "  # type: ignore[index]
+          f"{c['p99']} | {c['max']} | {p['p50']} | {p['p99']} | {p['server_mean']} |")  # type: ignore[index]
+    print(json.dumps(figures, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1))
+
+
+if __name__ == "__main__":
+    main()
