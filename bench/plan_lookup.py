@@ -10,9 +10,10 @@
    binary search) for r = batch_max at random free memory from below the smallest plan to
    above the largest, on a table freshly read from the store's bytes, the very first call
    included: p50, p99, max.
-3. ``vbs serve`` (uvicorn in this process, real HTTP on 127.0.0.1) answering GET /plan for
-   random distinct budgets and request sizes, every strategy side by side: client-side p50,
-   p99 and the server's own ``vbs_request_latency_seconds`` mean.
+3. ``vbs serve`` (its own process, real HTTP on 127.0.0.1, reading those tables) answering
+   GET /plan for random budgets and request sizes, every strategy side by side: client-side
+   p50, p99 and max, and the server's own ``vbs_request_latency_seconds`` mean; beside it the
+   same client's GET /v2/health/live, the floor that HTTP and the client cost by themselves.
 
 Prints a Markdown table (docs/benchmarks.md) and, with --json, writes the figures.
 """
@@ -21,22 +22,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
-import statistics
+import socket
+import subprocess
+import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import httpx
-import uvicorn
 
 from planner.models import ModelSpec
 from planner.pipeline import prepare
 from planner.settings import Settings
 from planner.solver.table import PlanTable
 from planner.store import open_store
-from service.main import create_app
 from workers.memory import MemoryProbe
 from workers.worker import Worker
 
@@ -46,18 +47,28 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def serve(settings: Settings) -> tuple[uvicorn.Server, threading.Thread, str]:
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=0,
-                                           log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    with httpx.Client(base_url=url, timeout=600) as client:
-        while client.get("/v2/health/ready").status_code != 200:
+def serve(args: argparse.Namespace, store: str) -> tuple[subprocess.Popen[bytes], str]:
+    """``vbs serve`` in its own process on a free loopback port, once it is ready."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "VBS_CACHE_DIR": args.cache_dir, "VBS_PROFILE_GRID": str(args.grid),
+           "VBS_SLOT_COUNT": str(args.slot_count)}
+    vbs = Path(sys.executable).with_name("vbs")
+    process = subprocess.Popen([str(vbs), "serve", "--model", args.model, "--store", store,
+                                "--batch-max", str(args.batch_max), "--port", str(port),
+                                "--log-level", "warning"], env=env)
+    url = f"http://127.0.0.1:{port}"
+    with httpx.Client(base_url=url, timeout=5) as client:
+        while True:
+            if process.poll() is not None:
+                raise SystemExit(f"vbs serve exited with {process.returncode}")
+            try:
+                if client.get("/v2/health/ready").status_code == 200:
+                    return process, url
+            except httpx.TransportError:
+                pass
             time.sleep(0.2)
-    return server, thread, url
 
 
 def main() -> None:
@@ -74,11 +85,10 @@ def main() -> None:
 
     store_dir = Path(tempfile.mkdtemp(prefix="vbs-lookup-store-"))
     settings = Settings(cache_dir=args.cache_dir, store=str(store_dir), batch_max=args.batch_max,
-                        slot_count=args.slot_count, models=[args.model], threads=0)
+                        slot_count=args.slot_count, models=[args.model], profile_grid=args.grid)
     spec = ModelSpec(name=args.model)
     with open_store(settings.store_location) as store:
-        prepared = prepare(spec, settings, store, batch_max=args.batch_max, grid=args.grid,
-                           progress=False)
+        prepared = prepare(spec, settings, store, progress=False)
         stored = store.get_table(prepared.table_id)
     blob = stored.blob
     r = args.batch_max
@@ -108,16 +118,19 @@ def main() -> None:
                             "p99": round(pct(choice_us, .99), 1), "max": round(max(choice_us), 1)}
 
     # -- /plan over real HTTP ---------------------------------------------------------------
-    server, thread, url = serve(settings)
+    server, url = serve(args, settings.store_location)
     try:
-        plan_ms = []
+        plan_ms, live_ms = [], []
         with httpx.Client(base_url=url, timeout=60) as client:
             client.get("/plan", params={"mem": str(high)})  # connection set up
-            for _ in range(args.requests):
+            for _ in range(args.requests):  # interleaved, so noise hits both alike
                 params = {"mem": str(rng.randint(low, high)), "batch": rng.randint(1, r)}
                 t0 = time.perf_counter()
                 response = client.get("/plan", params=params)
-                plan_ms.append((time.perf_counter() - t0) * 1e3)
+                t1 = time.perf_counter()
+                client.get("/v2/health/live")
+                live_ms.append((time.perf_counter() - t1) * 1e3)
+                plan_ms.append((t1 - t0) * 1e3)
                 assert response.status_code == 200, response.text
             metrics = client.get("/metrics").text
         total = count = 0.0
@@ -129,14 +142,16 @@ def main() -> None:
         figures["plan_ms"] = {"p50": round(pct(plan_ms, .5), 2), "p99": round(pct(plan_ms, .99), 2),
                               "max": round(max(plan_ms), 2),
                               "server_mean": round(1e3 * total / count, 2) if count else None}
+        figures["live_ms"] = {"p50": round(pct(live_ms, .5), 2), "p99": round(pct(live_ms, .99), 2)}
     finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+        server.terminate()
+        server.wait(timeout=60)
 
-    c, p = figures["choice_us"], figures["plan_ms"]
-    print(f"| {args.model} | {r} | {args.slot_count} | {figures['tables_build_s']} | "
+    c, p, h = figures["choice_us"], figures["plan_ms"], figures["live_ms"]
+    print(f"| {args.model} | {r} | {args.slot_count} | {figures['tables_build_s']} | "  # type: ignore[index]
           f"{figures['plans']['vbs']} | {figures['table_load_s']} | {c['first']} | {c['p50']} | "  # type: ignore[index]
-          f"{c['p99']} | {c['max']} | {p['p50']} | {p['p99']} | {p['server_mean']} |")  # type: ignore[index]
+          f"{c['p99']} | {c['max']} | {p['p50']} / {p['p99']} | {h['p50']} / {h['p99']} | "  # type: ignore[index]
+          f"{p['server_mean']} |")  # type: ignore[index]
     print(json.dumps(figures, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))

@@ -83,7 +83,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     settings = settings_from(args)
     options = ProfileOptions(batch_max=args.batch_max, repeats=args.repeats or settings.profile_repeats,
-                             warmup=settings.profile_warmup, grid=args.grid)
+                             warmup=settings.profile_warmup, grid=args.grid or settings.profile_grid)
     cap = load_capture(args, settings)
     if args.no_cache:
         profile, hit = measure(cap, options, progress=not args.quiet), False

@@ -56,7 +56,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             prepared = prepare(spec, settings, store, batch_max=args.batch_max,
                                solver=args.solver or settings.solver,
                                objective=args.objective or settings.objective,
-                               grid=args.grid, replan=args.replan, progress=not args.quiet)
+                               grid=args.grid or None, replan=args.replan,
+                               progress=not args.quiet)
             table = prepared.table
             how = "solved and published" if prepared.published else "already in the store"
             others = ", ".join(f"{s} {len(t.plans)}" for s, t in prepared.tables.items()
@@ -118,7 +119,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("plan", help="profile (cached), solve and publish plan tables")
     _common(p)
     p.add_argument("--batch-max", type=_positive, help="largest request size (default: VBS_BATCH_MAX)")
-    p.add_argument("--grid", action="store_true", help="profile a grid of batch sizes and interpolate")
+    p.add_argument("--grid", action="store_true",
+                   help="profile a grid of batch sizes and interpolate (default: VBS_PROFILE_GRID)")
     p.add_argument("--replan", action="store_true", help="solve again even if the store has the table")
     p.set_defaults(func=cmd_plan)
 

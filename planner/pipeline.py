@@ -63,9 +63,12 @@ def model_key(spec: ModelSpec, solver: str, objective: str) -> str:
     return f"{spec.name}:{shape}:{spec.dtype}:{spec.device}:{solver}:{objective}"
 
 
-def options_from(settings: Settings, batch_max: int | None = None, grid: bool = False) -> ProfileOptions:
+def options_from(settings: Settings, batch_max: int | None = None, grid: bool | None = None
+                 ) -> ProfileOptions:
+    """How to profile: from the settings, ``batch_max`` and ``grid`` overriding them."""
     return ProfileOptions(batch_max=batch_max or settings.batch_max, repeats=settings.profile_repeats,
-                          warmup=settings.profile_warmup, grid=grid)
+                          warmup=settings.profile_warmup,
+                          grid=settings.profile_grid if grid is None else grid)
 
 
 def strategies(solver: str) -> tuple[str, ...]:
@@ -111,7 +114,7 @@ def publish(store: PlanStore, spec: ModelSpec, profile: Profile, tables: dict[st
 
 
 def prepare(spec: ModelSpec, settings: Settings, store: PlanStore, *, batch_max: int | None = None,
-            solver: str = "vbs", objective: str = "time", grid: bool = False,
+            solver: str = "vbs", objective: str = "time", grid: bool | None = None,
             replan: bool = False, progress: bool = True) -> Prepared:
     """Capture a model and get its tables: from the store, or profiled, solved and published."""
     apply_threads(settings.threads)

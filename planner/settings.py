@@ -80,6 +80,8 @@ class Settings(BaseSettings):
     slot_bytes: int = Field(default=0, ge=0, description="bytes per slot; 0 = derived from slot_count")
     profile_repeats: int = Field(default=5, ge=1, le=1000, description="timed runs per (unit, batch)")
     profile_warmup: int = Field(default=2, ge=0, le=1000, description="untimed runs before timing")
+    profile_grid: bool = Field(default=False, description="profile a grid of batch sizes and "
+                                                          "interpolate (part of the fingerprint)")
     threads: int = Field(default=0, ge=0, description="torch intra-op threads on CPU; 0 = torch's default")
 
     # -- the HTTP service (`vbs serve`) ------------------------------------------------------

@@ -21,15 +21,17 @@ from service.metrics import Metrics
 from service.registry import Registry
 
 
-def get_settings(request: Request) -> Settings:
+# async: FastAPI runs a plain ``def`` dependency in a worker thread, a hop per request for an
+# attribute read.
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_registry(request: Request) -> Registry:
+async def get_registry(request: Request) -> Registry:
     return request.app.state.registry
 
 
-def get_metrics(request: Request) -> Metrics:
+async def get_metrics(request: Request) -> Metrics:
     return request.app.state.metrics
 
 

@@ -17,6 +17,8 @@ from planner.solver.compare import BASELINE, STRATEGIES, unit_uses
 from planner.solver.table import PlanTable
 from service.registry import ModelEntry
 
+PLANS_CACHED = 4096  # plan descriptions kept per model (a few KB each)
+
 
 def _described(entry: ModelEntry, table: PlanTable, index: int, r: int) -> dict[str, Any]:
     """The budget-free part of plan ``index`` of ``table`` (cached per table and plan)."""
@@ -27,12 +29,12 @@ def _described(entry: ModelEntry, table: PlanTable, index: int, r: int) -> dict[
                 "throughput_per_s": r / tp.time_total if tp.time_total > 0 else None,
                 "peak_bytes": tp.peak_bytes, "model_peak_bytes": tp.model_peak_bytes,
                 "units": [{"unit": u.name, "batches": list(u.batches), "need_bytes": u.need_bytes}
-                          for u in unit_uses(table, index)],
-                "program": table.program(index).to_json()}
-    return entry.cached(("plan", id(table), index), build)
+                          for u in unit_uses(table, index)]}
+    return entry.cached(("plan", id(table), index), build, size=PLANS_CACHED)
 
 
-def _answer(entry: ModelEntry, table: PlanTable, r: int, budget: int) -> dict[str, Any]:
+def _answer(entry: ModelEntry, table: PlanTable, r: int, budget: int, program: bool
+            ) -> dict[str, Any]:
     try:
         index = table.find(r, budget)
     except InfeasibleError as exc:
@@ -40,10 +42,13 @@ def _answer(entry: ModelEntry, table: PlanTable, r: int, budget: int) -> dict[st
         return {"feasible": False, "solver": table.solver, "reason": " ".join(str(exc).split()),
                 "needs_bytes": least if len(table.row(r).peaks) else None}
     base = _described(entry, table, index, r)
-    return {"feasible": True, "solver": table.solver, **base,
-            "breakpoint_bytes": base["peak_bytes"],
-            "unused_bytes": budget - base["peak_bytes"],
-            "units": [{**u, "unused_bytes": budget - u["need_bytes"]} for u in base["units"]]}
+    out = {"feasible": True, "solver": table.solver, **base,
+           "breakpoint_bytes": base["peak_bytes"],
+           "unused_bytes": budget - base["peak_bytes"],
+           "units": [{**u, "unused_bytes": budget - u["need_bytes"]} for u in base["units"]]}
+    if program:
+        out["program"] = table.program(index).to_json()
+    return out
 
 
 def _gain(ours: dict[str, Any], other: dict[str, Any]) -> float | None:
@@ -52,12 +57,13 @@ def _gain(ours: dict[str, Any], other: dict[str, Any]) -> float | None:
     return other["time_total_s"] / ours["time_total_s"]
 
 
-def explain(entry: ModelEntry, r: int, budget: int) -> dict[str, Any]:
-    """The /plan answer for ``r`` samples within ``budget`` bytes, from the tables alone."""
+def explain(entry: ModelEntry, r: int, budget: int, *, program: bool = False) -> dict[str, Any]:
+    """The /plan answer for ``r`` samples within ``budget`` bytes, from the tables alone
+    (``program``: with every step of each plan)."""
     tables = entry.tables
     served = entry.table
-    ours = _answer(entry, served, r, budget)
-    others = {s: _answer(entry, tables[s], r, budget) for s in STRATEGIES
+    ours = _answer(entry, served, r, budget, program)
+    others = {s: _answer(entry, tables[s], r, budget, program) for s in STRATEGIES
               if s in tables and s != served.solver}
     return {"model": entry.name, "fingerprint": entry.fingerprint, "table_id": entry.table_id,
             "table_version": entry.table_version, "table_solver": served.solver,

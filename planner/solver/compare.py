@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from planner.errors import InfeasibleError
 from planner.solver.memory import format_bytes
 from planner.solver.program import Plan
@@ -80,11 +82,17 @@ class Comparison:
 def unit_uses(table: PlanTable, index: int) -> tuple[UnitUse, ...]:
     """Per unit of plan ``index``, in the order units first run: batches and the most held."""
     entry = table.plans[index]
-    batches: dict[int, list[int]] = {}
-    for u, c in zip(entry.units.tolist(), entry.samples.tolist()):
-        batches.setdefault(u, []).append(c)
-    peaks = entry.unit_peaks
-    return tuple(UnitUse(table.units[u], tuple(b), int(peaks[u])) for u, b in batches.items())
+    units = entry.units
+    order = np.argsort(units, kind="stable")  # steps grouped by unit, in program order
+    grouped = units[order]
+    starts = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]])
+    samples = entry.samples[order].tolist()
+    bounds = starts.tolist() + [len(samples)]
+    ids = grouped[starts].tolist()
+    peaks = entry.unit_peaks.tolist()
+    return tuple(UnitUse(table.units[ids[k]], tuple(samples[bounds[k]:bounds[k + 1]]),
+                         peaks[ids[k]])
+                 for k in np.argsort(order[starts], kind="stable").tolist())  # by first run
 
 
 def outcome(table: PlanTable, batch: int, budget: int) -> Outcome:

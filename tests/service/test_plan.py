@@ -42,7 +42,10 @@ def test_plan_matches_the_table_and_the_baselines(server: ServerThread, client: 
     # the table's exact figure: what the executor allocates, within the budget
     assert plan["peak_bytes"] == plan["breakpoint_bytes"] == want.executor_peak_bytes <= budget
     assert plan["unused_bytes"] == budget - plan["peak_bytes"]
-    assert plan["program"] == want.program.to_json()
+    assert "program" not in plan  # only when asked (?program=true)
+    full = client.get("/plan", params={"mem": str(budget), "batch": 4, "program": "true"}).json()
+    assert full["plan"]["program"] == want.program.to_json()
+    assert all("program" in full[s] for s in ("fbs", "fbs-best") if full[s]["feasible"])
     seen = [u["unit"] for u in plan["units"]]
     assert seen == list(dict.fromkeys(s.unit for s in want.program.steps))  # execution order
     for unit in plan["units"]:
