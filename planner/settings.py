@@ -101,8 +101,10 @@ class Settings(BaseSettings):
                                     "carry measured energy")
     api_key: SecretStr | None = Field(
         default=None, description="when set, inference and /plan need 'Authorization: Bearer KEY'")
-    max_batch_delay_ms: float = Field(default=5.0, ge=0, le=60_000,
-                                      description="longest a request waits for others to batch with")
+    max_batch_delay_ms: float = Field(
+        default=0.0, ge=0, le=60_000,
+        description="longest a request waits for others to batch with when the model is free; "
+                    "0 runs it at once (requests arriving while a batch runs are batched anyway)")
     max_queue: int = Field(default=256, ge=1, le=1_000_000,
                            description="requests waiting per model before 503 + Retry-After")
     request_timeout_s: float = Field(default=30.0, gt=0, le=3600,

@@ -1,19 +1,30 @@
 """The dynamic batcher of one model: requests gathered into batches, each run with the plan for
 the memory free at that moment.
 
-One asyncio queue and one future per request (as in Ray Serve's ``batching.py``). A loop
-takes the first waiting request, then gathers more until the batch holds the gather limit's
-samples or ``max_batch_delay_ms`` has passed, concatenates them, runs ``worker.infer`` in the
-model's own thread (a single-thread executor: torch never runs on the event loop, and one
-model runs one batch at a time) and splits the outputs back to the futures. A failure goes to
-every future of its batch. While a batch runs, new requests wait in the queue, so under load
-the next batch is gathered at once.
+One asyncio queue and one future per request (as in Ray Serve's ``batching.py``). A loop takes
+the first waiting request, then everything else already waiting, up to the gather limit, and
+runs the batch at once: nothing waits on a timer when the model is free (as Triton does with
+no queue delay). While a batch runs, new requests queue, so under load the next batch fills
+from the queue that built up meanwhile. ``max_batch_delay_ms`` > 0 (or a latency target) makes
+the loop wait that long for company after the first request. A failure goes to every future of
+its batch.
+
+On the model's own thread (a single-thread executor: torch never runs on the event loop, one
+model runs one batch at a time): every request's samples are written into one reusable batch
+buffer (pinned host memory on CUDA, so the batch goes to the device in one transfer), the
+worker runs it, and each request gets its rows of the output as a view, encoded there by the
+request's own encoder (``submit(encode=...)``), so the response needs no further thread.
+
+Per request, as Triton's perf_analyzer reports it (``Timing``): queue (from submit to the start
+of its batch), compute input (its decoding, done before submit, and its copy into the batch;
+the device transfer is shared), compute infer (the plan's run), compute output (the copy of
+the batch's output to the host, shared, and its own rows' encoding).
 
 The gather limit is the table's largest request size (``worker.batch_max``); with a latency
 target it is ``table.largest_batch_within(free, target)`` (the paper's latency bound: the
 largest request size whose plan finishes in time), re-read in the worker thread after every
-batch. A request larger than the
-limit runs as a batch of its own (the worker splits it along the table's sizes).
+batch. A request larger than the limit runs as a batch of its own (the worker splits it along
+the table's sizes).
 
 Closing drains: requests already accepted are run and answered; new ones get 503.
 """
@@ -26,6 +37,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -36,17 +48,38 @@ from workers.worker import RunInfo, Worker
 
 log = logging.getLogger("vbs.service.batcher")
 
+Encoder = Callable[[np.ndarray], Any]  # a request's rows of the output -> its encoded outputs
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Where one request's time went on the server (seconds)."""
+
+    queue_s: float    # from submit to the start of its batch
+    input_s: float    # decoding it (before submit) and copying it into the batch buffer
+    infer_s: float    # the plan's run on the batch
+    output_s: float   # the batch output to the host, and encoding its own rows
+    run_s: float      # the batch on the worker thread, from its first copy to its last encoding
+
 
 @dataclass(frozen=True)
 class Outcome:
     """What one request got: its outputs and how its batch ran."""
 
-    y: np.ndarray          # (n, *output_shape) float32: this request's rows of the batch
+    y: np.ndarray          # (n, *output_shape) float32: this request's rows (a view of the batch's)
+    encoded: Any           # what its encoder made of ``y`` (None without an encoder)
     info: RunInfo          # the plans that ran the batch
     batch_samples: int     # samples in the batch it ran in
-    queue_s: float         # from submit to the start of its batch's run
-    run_s: float           # the batch's run (worker.infer and the copies around it)
+    timing: Timing
     table_version: int | None
+
+    @property
+    def queue_s(self) -> float:
+        return self.timing.queue_s
+
+    @property
+    def run_s(self) -> float:
+        return self.timing.run_s
 
 
 @dataclass(eq=False)
@@ -54,14 +87,28 @@ class _Pending:
     x: np.ndarray
     future: asyncio.Future[Outcome]
     submitted: float
+    decode_s: float
+    encode: Encoder | None
 
     @property
     def n(self) -> int:
         return int(self.x.shape[0])
 
 
+@dataclass(frozen=True)
+class _Done:
+    """A batch's results, handed from the worker thread back to the loop."""
+
+    # per request: its rows, their encoding (or the error encoding them), copy s, encode s
+    rows: list[tuple[np.ndarray, Any, float, float]]
+    info: RunInfo
+    infer_s: float
+    transfer_s: float  # the batch to the device and its output back: shared by its requests
+    run_s: float
+    limit: int
+
+
 _STOP = object()
-_WIDEN = (np.dtype(np.uint16), np.dtype(np.uint32), np.dtype(np.uint64))  # torch casts few of these
 
 
 class Batcher:
@@ -83,6 +130,7 @@ class Batcher:
         self._closing = False
         self._task: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"vbs-{name}")
+        self._buffer: Any = None    # the batch buffer (a torch tensor), grown as needed
         self.gather_limit = worker.batch_max
         self.running = False        # a batch is on the worker now
 
@@ -122,8 +170,14 @@ class Batcher:
 
     # ------------------------------------------------------------------ requests
 
-    async def submit(self, x: np.ndarray) -> Outcome:
-        """Queue ``x`` (N samples) and wait for its outputs; 503 when full or closing."""
+    async def submit(self, x: np.ndarray, *, decode_s: float = 0.0,
+                     encode: Encoder | None = None) -> Outcome:
+        """Queue ``x`` (N samples) and wait for its outputs; 503 when full or closing.
+
+        ``decode_s`` is the time its decoding took (reported as part of compute input);
+        ``encode`` turns its rows of the output into what the response sends, on the model's
+        thread right after the batch (its result is ``Outcome.encoded``).
+        """
         if self._closing:
             self.metrics.rejected.labels(self.name, "closing").inc()
             raise UnavailableError(f"model {self.name} is shutting down: retry on another "
@@ -133,7 +187,8 @@ class Batcher:
             raise UnavailableError(f"model {self.name}: {self._waiting} requests are waiting, "
                                    f"the most the queue holds (max_queue); retry shortly",
                                    retry_after=1)
-        pending = _Pending(x, asyncio.get_running_loop().create_future(), time.perf_counter())
+        pending = _Pending(x, asyncio.get_running_loop().create_future(), time.perf_counter(),
+                           decode_s, encode)
         self._waiting += 1
         self.metrics.queue_depth.labels(self.name).set(self._waiting)
         self._queue.put_nowait(pending)
@@ -177,10 +232,10 @@ class Batcher:
         deadline = loop.time() + self.max_delay_s
         while n < limit:
             try:
-                item = self._queue.get_nowait()
+                item = self._queue.get_nowait()  # everything already waiting, at once
             except asyncio.QueueEmpty:
                 remaining = deadline - loop.time()
-                if remaining <= 0:
+                if remaining <= 0:  # no delay configured (the default): run what is here now
                     break
                 try:
                     item = await asyncio.wait_for(self._queue.get(), remaining)
@@ -206,8 +261,7 @@ class Batcher:
         version = self._table_version()
         self.running = True
         try:
-            y, info, run_s, limit = await loop.run_in_executor(
-                self._executor, self._infer, [p.x for p in batch])
+            done: _Done = await loop.run_in_executor(self._executor, self._infer, batch)
         except asyncio.CancelledError:
             for p in batch:
                 p.future.cancel()
@@ -220,12 +274,13 @@ class Batcher:
             return
         finally:
             self.running = False
-        self.gather_limit = limit
-        total = int(y.shape[0])
+        self.gather_limit = done.limit
+        info = done.info
+        total = sum(p.n for p in batch)
         m = self.metrics
         m.batch_size.labels(self.name).observe(total)
         m.samples.labels(self.name).inc(total)
-        m.run_time.labels(self.name).observe(run_s)
+        m.run_time.labels(self.name).observe(done.run_s)
         if info.oom_retries:
             m.oom_retries.labels(self.name).inc(info.oom_retries)
         if info.splits:
@@ -236,30 +291,71 @@ class Batcher:
             last = info.choices[-1]
             m.free_memory.labels(self.name).set(last.free_bytes)
             m.plan_peak.labels(self.name).set(last.peak_bytes)
-        offset = 0
-        for p in batch:
-            queue_s = started - p.submitted
-            m.queue_time.labels(self.name).observe(queue_s)
-            if not p.future.done():
-                p.future.set_result(Outcome(y[offset:offset + p.n], info, total, queue_s, run_s,
-                                            version))
-            offset += p.n
+        for p, (y, encoded, copy_s, encode_s) in zip(batch, done.rows):
+            timing = Timing(queue_s=started - p.submitted, input_s=p.decode_s + copy_s,
+                            infer_s=done.infer_s, output_s=done.transfer_s + encode_s,
+                            run_s=done.run_s)
+            m.observe_request(self.name, timing)
+            if p.future.done():
+                continue
+            if isinstance(encoded, Exception):  # only this request's encoding failed
+                p.future.set_exception(encoded)
+            else:
+                p.future.set_result(Outcome(y, encoded, info, total, timing, version))
 
     # ------------------------------------------------------------------ the worker thread
 
-    def _infer(self, arrays: list[np.ndarray]) -> tuple[np.ndarray, RunInfo, float, int]:
+    def _batch_buffer(self, n: int) -> Any:
+        """The reusable host buffer for n samples (pinned on CUDA), grown when a batch is larger."""
+        import torch
+
+        if self._buffer is None or self._buffer.shape[0] < n:
+            loaded = self.worker.capture.model
+            # numpy has no bfloat16: such a batch is written as float32 and cast on the device
+            dtype = torch.float32 if loaded.torch_dtype == torch.bfloat16 else loaded.torch_dtype
+            self._buffer = torch.empty((max(n, self.worker.batch_max), *self.worker.capture.input_shape),
+                                       dtype=dtype, pin_memory=loaded.device.type == "cuda")
+        return self._buffer
+
+    def _infer(self, batch: list[_Pending]) -> _Done:
         import torch
 
         t0 = time.perf_counter()
         loaded = self.worker.capture.model
+        total = sum(p.n for p in batch)
+        buffer = self._batch_buffer(total)
+        host = buffer.numpy()
+        copies = []
+        offset = 0
+        for p in batch:  # each request written into its rows of the batch: one copy
+            c0 = time.perf_counter()
+            np.copyto(host[offset:offset + p.n], p.x, casting="unsafe")
+            copies.append(time.perf_counter() - c0)
+            offset += p.n
+        t1 = time.perf_counter()
         with torch.inference_mode():
-            parts = [torch.from_numpy(a if a.dtype not in _WIDEN else a.astype(np.float64))
-                     .to(device=loaded.device, dtype=loaded.torch_dtype) for a in arrays]
-            x = parts[0] if len(parts) == 1 else torch.cat(parts)
+            x = buffer[:total].to(device=loaded.device, dtype=loaded.torch_dtype, non_blocking=True)
+            t2 = time.perf_counter()
             y, info = self.worker.infer(x)
-            out = y.detach().to(device="cpu", dtype=torch.float32).numpy()
-        run_s = time.perf_counter() - t0
-        return out, info, run_s, self._next_limit()
+            t3 = time.perf_counter()
+            y = y.detach().to(device="cpu", dtype=torch.float32)
+            if y.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr():
+                y = y.clone()  # a model that returns its input: the buffer is reused next batch
+            out = y.numpy()
+        t4 = time.perf_counter()
+        rows = []
+        offset = 0
+        for p, copy_s in zip(batch, copies):
+            e0 = time.perf_counter()
+            mine = out[offset:offset + p.n]
+            try:
+                encoded = p.encode(mine) if p.encode is not None else None
+            except Exception as exc:  # noqa: BLE001 - it goes to its own request only
+                encoded = exc
+            rows.append((mine, encoded, copy_s, time.perf_counter() - e0))
+            offset += p.n
+        return _Done(rows, info, infer_s=t3 - t2, transfer_s=(t2 - t1) + (t4 - t3),
+                     run_s=time.perf_counter() - t0, limit=self._next_limit())
 
     def _next_limit(self) -> int:
         """Samples the next batch may gather (runs in the worker thread: it reads free memory)."""

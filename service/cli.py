@@ -14,14 +14,18 @@ from planner.errors import UsageError
 log = logging.getLogger("vbs.service")
 
 
-def _seconds(text: str) -> float:
+def _seconds(text: str, *, zero: bool = False) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value} must be > 0")
+    if not (value >= 0 if zero else value > 0) or value != value:
+        raise argparse.ArgumentTypeError(f"{value} must be {'>=' if zero else '>'} 0")
     return value
+
+
+def _warmup(text: str) -> float:
+    return _seconds(text, zero=True)
 
 
 def add_parser(sub: Any) -> None:
@@ -59,6 +63,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--duration", type=_seconds, default=10.0, help="seconds (<= 600)")
     p.add_argument("--samples", type=_positive, default=1, help="samples per request")
     p.add_argument("--format", choices=["npy", "json"], default="npy", help="request encoding")
+    p.add_argument("--warmup", type=_warmup, default=0.0,
+                   help="seconds of load before counting starts (default 0)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=cmd_loadtest)
 
@@ -121,7 +127,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         raise UsageError(f"invalid setting: {exc}") from exc
     summary = asyncio.run(run_loadtest(
         args.url, args.model, clients=args.clients, duration_s=args.duration,
-        samples=args.samples, fmt=args.format,
+        samples=args.samples, fmt=args.format, warmup_s=args.warmup,
         api_key=key.get_secret_value() if key is not None else None))
     print(json.dumps(summary, indent=1) if args.json else format_table(summary))
     return 0 if summary["ok"] else 1

@@ -1,10 +1,11 @@
 """Request decoding and response encoding: every way a tensor or an image reaches the service.
 
 Decoders turn a body into a numpy array of shape ``(N, *input_shape)`` (N >= 1, a numeric
-dtype, finite values, native byte order, C-contiguous and writable), or raise a RequestError
-naming the field and the problem. They are plain functions of bytes, run in a worker thread
-(JSON and image decoding can take a while; torch is only touched by image preprocessing, and
-never on the event loop). Nothing from a request is unpickled, imported or used as a path:
+dtype, finite values, native byte order, C-contiguous; binary bodies are read in place, not
+copied, so the array may be read-only: the batcher copies it once, into its batch buffer), or
+raise a RequestError naming the field and the problem. They are plain functions of bytes:
+binary ones cost microseconds and run on the event loop for small bodies, JSON and images in a
+worker thread (torch is only touched by image preprocessing, and never on the event loop). Nothing from a request is unpickled, imported or used as a path:
 ``.npy`` headers are read and checked before ``np.load(allow_pickle=False)``, images are
 decoded by Pillow from memory, restricted to JPEG and PNG.
 
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 from service.errors import PayloadTooLargeError, RequestError, field_error
 
@@ -132,23 +134,26 @@ def check_tensor(array: np.ndarray, input_shape: Sequence[int], where: str, max_
         raise field_error(where, "holds NaN or infinite values: send finite numbers")
     if not array.dtype.isnative:
         array = array.astype(array.dtype.newbyteorder("="))
-    if not (array.flags.c_contiguous and array.flags.writeable):
-        array = np.array(array, order="C", copy=True)
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
     return array
 
 
 def parse_json(body: bytes, where: str = "body") -> Any:
+    """A JSON document (orjson: UTF-8, nested at most 1024 deep). The NaN and Infinity that
+    Python's ``json.dumps`` writes are read too (by the standard library, only when orjson
+    refuses the body), so that the field holding them is named rather than the body."""
     if not body.strip():
         raise field_error(where, "is empty: send a JSON object")
     try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        strict = exc
+    try:
         return json.loads(body)
-    except UnicodeDecodeError as exc:
-        raise field_error(where, f"is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
-    except json.JSONDecodeError as exc:
-        raise field_error(where, f"malformed JSON: {exc.msg} at line {exc.lineno} column "
-                                 f"{exc.colno}") from exc
-    except RecursionError as exc:
-        raise field_error(where, "JSON nested too deeply") from exc
+    except (ValueError, RecursionError):
+        raise field_error(where, f"malformed JSON: {strict.msg} at line {strict.lineno} column "
+                                 f"{strict.colno}") from strict
 
 
 def _object(value: Any, where: str, allowed: Sequence[str], required: Sequence[str] = ()) -> dict[str, Any]:
@@ -282,16 +287,14 @@ def decode_npy(body: bytes, input_shape: Sequence[int], max_samples: int) -> np.
         raise field_error("body", f"the .npy dtype {dtype} is not a plain numeric type (object "
                                   "arrays are never unpickled); send float32 values")
     count = math.prod(shape)
-    follows = len(body) - stream.tell()
+    start = stream.tell()
+    follows = len(body) - start
     if count * dtype.itemsize != follows:
         raise field_error("body", f"the .npy header says shape {_shape_text(shape)} of {dtype} "
                                   f"({count * dtype.itemsize} bytes) but {follows} bytes follow")
-    try:
-        array = np.load(io.BytesIO(body), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:  # checked above; kept as the contract
-        raise field_error("body", f"is not a .npy array ({exc})") from exc
-    if not isinstance(array, np.ndarray):
-        raise field_error("body", "holds an .npz archive, not one .npy array")
+    # The data in place: a read-only view of the body, no copy.
+    array = np.frombuffer(body, dtype=dtype, count=count, offset=start)
+    array = array.reshape(shape, order="F" if fortran else "C")
     return check_tensor(array, input_shape, "body", max_samples)
 
 
@@ -474,11 +477,10 @@ def labels_for(model_name: str, classes: int) -> list[str] | None:
 # -- outputs ---------------------------------------------------------------------------------
 
 
-def finite_list(y: np.ndarray) -> list[Any]:
-    """``y.tolist()`` with NaN and infinities as null (JSON has no such numbers)."""
-    if y.dtype.kind != "f" or np.all(np.isfinite(y)):
-        return y.tolist()
-    return np.where(np.isfinite(y), y, None).tolist()
+def encode_array(y: np.ndarray) -> bytes:
+    """A numeric array as JSON nested lists, straight from its memory (orjson); NaN and
+    infinities become null (JSON has no such numbers); float32 values as their shortest text."""
+    return orjson.dumps(np.ascontiguousarray(y), option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def top_k(y: np.ndarray, k: int, labels: Sequence[str] | None) -> list[list[dict[str, Any]]]:
@@ -653,9 +655,17 @@ def v2_tensor(req: V2Request, input_shape: Sequence[int], max_samples: int) -> n
     return check_tensor(array, input_shape, f"{where}.data", max_samples, single_ok=False)
 
 
-def v2_response(model: str, request_id: str | None, y: np.ndarray, binary: bool,
+def v2_encode(y: np.ndarray, binary: bool) -> bytes:
+    """One output's data as OIP v2 sends it: little-endian bytes, or a flat JSON list."""
+    if binary:
+        return np.ascontiguousarray(y, dtype=y.dtype.newbyteorder("<")).tobytes()
+    return encode_array(y.reshape(-1))
+
+
+def v2_response(model: str, request_id: str | None, y: np.ndarray, data: bytes, binary: bool,
                 parameters: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
-    """The body and headers of an OIP v2 response (JSON, or JSON header + binary output)."""
+    """The body and headers of an OIP v2 response (JSON, or JSON header + binary output);
+    ``data`` is ``v2_encode(y, binary)``, made beforehand (on the model's thread)."""
     datatype = V2_OF_DTYPE.get(y.dtype.name, "FP32")
     output: dict[str, Any] = {"name": OUTPUT_NAME, "datatype": datatype, "shape": list(y.shape)}
     doc: dict[str, Any] = {"model_name": model, "model_version": "1", "outputs": [output],
@@ -663,11 +673,9 @@ def v2_response(model: str, request_id: str | None, y: np.ndarray, binary: bool,
     if request_id is not None:
         doc["id"] = request_id
     if binary:
-        raw = np.ascontiguousarray(y, dtype=y.dtype.newbyteorder("<")).tobytes()
-        output["parameters"] = {"binary_data_size": len(raw)}
-        head = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
-        return head + raw, {"Inference-Header-Content-Length": str(len(head)),
-                            "Content-Type": "application/octet-stream"}
-    output["data"] = finite_list(y.reshape(-1))
-    body = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
-    return body, {"Content-Type": "application/json"}
+        output["parameters"] = {"binary_data_size": len(data)}
+        head = orjson.dumps(doc)
+        return head + data, {"Inference-Header-Content-Length": str(len(head)),
+                             "Content-Type": "application/octet-stream"}
+    output["data"] = orjson.Fragment(data)
+    return orjson.dumps(doc), {"Content-Type": "application/json"}

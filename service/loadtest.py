@@ -1,11 +1,14 @@
 """``vbs loadtest``: N concurrent clients against a local vbs-serve for T seconds.
 
 Each client sends ``POST /infer?model=NAME`` with K random samples (``.npy`` or JSON) as fast
-as answers come back. The report: requests, errors by status, throughput (requests and
-samples per second), latency p50/p99, and the service's own overhead per request at p50/p99
-(response time seen by the client minus the run time the response reports: queueing,
-decoding, encoding, HTTP). Only loopback hosts are accepted: this is a bench for the machine
-the service runs on, not a tool to load someone else's server.
+as answers come back; requests in the first ``--warmup`` seconds are not counted. The report:
+requests, errors by status, throughput (requests and samples per second), latency p50/p99, the
+overhead per request at p50/p99 (response time seen by the client minus the batch's run time),
+and where each request's time went, as Triton's perf_analyzer reports it, from the timings the
+service returns: queue, compute input, compute infer, compute output, and the rest (HTTP both
+ways, routing, handing over between threads: the client's time minus the four). Only loopback
+hosts are accepted: this is a bench for the machine the service runs on, not a tool to load
+someone else's server.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from planner.errors import UsageError
 MAX_CLIENTS = 256
 MAX_DURATION_S = 600.0
 MAX_SAMPLES = 1024
+PARTS = ("queue", "input", "infer", "output", "rest")  # the breakdown, in the order time is spent
 
 
 def check_loopback(url: str) -> str:
@@ -53,8 +57,23 @@ class Result:
     duration_s: float
     latencies: list[float] = field(default_factory=list)   # successful requests
     overheads: list[float] = field(default_factory=list)   # latency - reported run time
+    parts: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in PARTS})
     samples: int = 0
     errors: dict[str, int] = field(default_factory=dict)   # status (or exception) -> count
+
+    def add(self, elapsed: float, samples: int, timing: dict[str, Any] | None) -> None:
+        """A request answered in ``elapsed`` s; ``timing`` is vbs-serve's breakdown, if any."""
+        self.latencies.append(elapsed)
+        self.samples += samples
+        if timing is None:  # another server: no breakdown
+            return
+        self.overheads.append(max(0.0, elapsed - float(timing["run_s"])))
+        spent = 0.0
+        for key in PARTS[:-1]:
+            value = float(timing[f"{key}_s"])
+            self.parts[key].append(value)
+            spent += value
+        self.parts["rest"].append(max(0.0, elapsed - spent))
 
     def add_error(self, key: str) -> None:
         self.errors[key] = self.errors.get(key, 0) + 1
@@ -74,6 +93,8 @@ class Result:
             "throughput_samples_per_s": self.samples / self.duration_s if self.duration_s > 0 else 0.0,
             "latency_p50_s": pct(self.latencies, 50), "latency_p99_s": pct(self.latencies, 99),
             "overhead_p50_s": pct(self.overheads, 50), "overhead_p99_s": pct(self.overheads, 99),
+            "breakdown_p50_s": {k: pct(v, 50) for k, v in self.parts.items()},
+            "breakdown_p99_s": {k: pct(v, 99) for k, v in self.parts.items()},
         }
 
 
@@ -85,8 +106,13 @@ def _npy(x: np.ndarray) -> bytes:
 
 async def run_loadtest(url: str, model: str, *, clients: int, duration_s: float, samples: int = 1,
                        fmt: str = "npy", api_key: str | None = None, timeout_s: float = 60.0,
-                       seed: int = 0) -> dict[str, Any]:
-    """Run the load test and return its summary (see ``Result.summary``)."""
+                       seed: int = 0, warmup_s: float = 0.0,
+                       peer: tuple[str, tuple[int, ...]] | None = None) -> dict[str, Any]:
+    """Run the load test and return its summary (see ``Result.summary``).
+
+    ``peer=(path, input_shape)`` loads another server the same way (``bench/peers.py``): the
+    same requests POSTed to ``path``, every 200 counted, no breakdown.
+    """
     import httpx
 
     base = check_loopback(url)
@@ -98,19 +124,17 @@ async def run_loadtest(url: str, model: str, *, clients: int, duration_s: float,
         raise UsageError(f"--samples {samples}: give 1..{MAX_SAMPLES}")
     if fmt not in ("npy", "json"):
         raise UsageError(f"--format {fmt!r}: use npy or json")
+    if not 0 <= warmup_s <= MAX_DURATION_S:
+        raise UsageError(f"--warmup {warmup_s}: give 0..{MAX_DURATION_S:g} seconds")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=base, headers=headers, timeout=timeout_s,
                                  limits=limits) as client:
-        try:
-            meta = await client.get(f"/v2/models/{model}")
-        except httpx.HTTPError as exc:
-            raise UsageError(f"cannot reach the service at {base} ({exc}): is `vbs serve` "
-                             "running there?") from exc
-        if meta.status_code != 200:
-            raise UsageError(f"model {model!r} at {base}: {meta.status_code} "
-                             f"{_error_text(meta)}")
-        shape = [int(d) for d in meta.json()["inputs"][0]["shape"][1:]]
+        if peer is None:
+            path, params = "/infer", {"model": model}
+            shape = await _input_shape(client, base, model)
+        else:
+            path, params, shape = peer[0], {}, list(peer[1])
         x = np.random.default_rng(seed).standard_normal((samples, *shape)).astype(np.float32)
         if fmt == "npy":
             body, ctype = _npy(x), "application/x-npy"
@@ -118,30 +142,49 @@ async def run_loadtest(url: str, model: str, *, clients: int, duration_s: float,
             body, ctype = json.dumps({"inputs": x.tolist()}).encode(), "application/json"
         result = Result(duration_s=0.0)
         loop = asyncio.get_running_loop()
-        started = loop.time()
+        started = loop.time() + warmup_s  # what is sent before counts as warm-up only
         deadline = started + duration_s
 
         async def one_client() -> None:
             while loop.time() < deadline:
+                counted = loop.time() >= started
                 t0 = time.perf_counter()
                 try:
-                    response = await client.post("/infer", params={"model": model}, content=body,
+                    response = await client.post(path, params=params, content=body,
                                                  headers={"Content-Type": ctype})
                 except httpx.HTTPError as exc:
-                    result.add_error(type(exc).__name__)
+                    if counted:
+                        result.add_error(type(exc).__name__)
                     continue
                 elapsed = time.perf_counter() - t0
+                if not counted:
+                    continue
                 if response.status_code != 200:
                     result.add_error(str(response.status_code))
                     continue
-                doc = response.json()
-                result.latencies.append(elapsed)
-                result.overheads.append(max(0.0, elapsed - float(doc["timing"]["run_s"])))
-                result.samples += int(doc["samples"])
+                if peer is None:
+                    doc = response.json()
+                    result.add(elapsed, int(doc["samples"]), doc["timing"])
+                else:
+                    result.add(elapsed, samples, None)
 
         await asyncio.gather(*(one_client() for _ in range(clients)))
         result.duration_s = loop.time() - started
     return result.summary(url=base, model=model, clients=clients, samples=samples)
+
+
+async def _input_shape(client: Any, base: str, model: str) -> list[int]:
+    """The model's per-sample input shape, from the service's OIP v2 metadata."""
+    import httpx
+
+    try:
+        meta = await client.get(f"/v2/models/{model}")
+    except httpx.HTTPError as exc:
+        raise UsageError(f"cannot reach the service at {base} ({exc}): is `vbs serve` "
+                         "running there?") from exc
+    if meta.status_code != 200:
+        raise UsageError(f"model {model!r} at {base}: {meta.status_code} {_error_text(meta)}")
+    return [int(d) for d in meta.json()["inputs"][0]["shape"][1:]]
 
 
 def _error_text(response: Any) -> str:
@@ -165,6 +208,8 @@ def format_table(summary: dict[str, Any]) -> str:
                        f"{summary['throughput_samples_per_s']:.1f} samples/s"),
         ("latency p50 / p99", f"{ms(summary['latency_p50_s'])} / {ms(summary['latency_p99_s'])}"),
         ("overhead p50 / p99", f"{ms(summary['overhead_p50_s'])} / {ms(summary['overhead_p99_s'])}"),
+        ("p50 " + " / ".join(PARTS), " / ".join(ms(summary["breakdown_p50_s"][k]) for k in PARTS)),
+        ("p99 " + " / ".join(PARTS), " / ".join(ms(summary["breakdown_p99_s"][k]) for k in PARTS)),
     ]
     if summary["errors_by_status"]:
         rows.append(("errors by status", ", ".join(f"{k}: {v}" for k, v in

@@ -15,7 +15,8 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                    30.0, 60.0)
-CHOICE_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2)
+FINE_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1,
+                1.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 ENDPOINTS = ("infer", "v2_infer", "plan", "models", "health", "metrics", "other")
 NO_MODEL = "-"
@@ -38,6 +39,18 @@ class Metrics:
                                  ["model", "endpoint"], buckets=LATENCY_BUCKETS, registry=r)
         self.queue_time = Histogram("vbs_queue_time_seconds", "time a request waited before its "
                                     "batch ran", ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.input_time = Histogram("vbs_compute_input_seconds", "per request: decoding it and "
+                                    "copying it into its batch (and the batch's transfer)",
+                                    ["model"], buckets=FINE_BUCKETS, registry=r)
+        self.infer_time = Histogram("vbs_compute_infer_seconds", "per request: its batch's plan "
+                                    "run", ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.output_time = Histogram("vbs_compute_output_seconds", "per request: its outputs to "
+                                     "the host and encoded", ["model"], buckets=FINE_BUCKETS,
+                                     registry=r)
+        self.overhead_time = Histogram("vbs_server_overhead_seconds", "per inference request: "
+                                       "the server's time that is none of queue, input, infer "
+                                       "and output (HTTP, routing, handing over between "
+                                       "threads)", ["model"], buckets=FINE_BUCKETS, registry=r)
         self.run_time = Histogram("vbs_batch_run_seconds", "time a batch ran on the worker",
                                   ["model"], buckets=LATENCY_BUCKETS, registry=r)
         self.batch_size = Histogram("vbs_batch_size", "samples per batch run", ["model"],
@@ -49,7 +62,7 @@ class Metrics:
                                "table breakpoint)", ["model"], registry=r)
         self.choice_time = Histogram("vbs_plan_choice_seconds", "time to choose a batch's plan: "
                                      "table lookups for the memory free now", ["model"],
-                                     buckets=CHOICE_BUCKETS, registry=r)
+                                     buckets=FINE_BUCKETS, registry=r)
         self.oom_retries = Counter("vbs_oom_retries", "batches retried with a smaller plan after "
                                    "running out of memory", ["model"], registry=r)
         self.splits = Counter("vbs_batch_splits", "batches split because no plan of their size "
@@ -66,6 +79,13 @@ class Metrics:
         self.store_up = Gauge("vbs_store_up", "1 when the plan store watch is live", registry=r)
         self.model_ready = Gauge("vbs_model_ready", "1 when a model and its table are loaded",
                                  ["model"], registry=r)
+
+    def observe_request(self, model: str, timing: Any) -> None:
+        """One request's breakdown (``service.batcher.Timing``)."""
+        self.queue_time.labels(model).observe(timing.queue_s)
+        self.input_time.labels(model).observe(timing.input_s)
+        self.infer_time.labels(model).observe(timing.infer_s)
+        self.output_time.labels(model).observe(timing.output_s)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
@@ -107,5 +127,10 @@ class RequestMetricsMiddleware:
             state = scope.get("state") or {}
             model = str(state.get("vbs_model") or NO_MODEL)
             endpoint = str(state.get("vbs_endpoint") or "other")
+            elapsed = time.perf_counter() - started
             self.metrics.requests.labels(model, endpoint, str(status[0])).inc()
-            self.metrics.latency.labels(model, endpoint).observe(time.perf_counter() - started)
+            self.metrics.latency.labels(model, endpoint).observe(elapsed)
+            timing = state.get("vbs_timing")  # an inference answered: what the rest cost
+            if timing is not None:
+                spent = timing.queue_s + timing.input_s + timing.infer_s + timing.output_s
+                self.metrics.overhead_time.labels(model).observe(max(0.0, elapsed - spent))

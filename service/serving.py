@@ -1,24 +1,30 @@
 """What the inference handlers do: decode a request for its model, run it through the model's
 batcher within the request timeout, and say what ran it.
 
-Decoding runs in a worker thread (JSON, .npy, images), the batch in the model's own thread;
-the event loop only moves futures. The response names the plan (request size, the memory it
-was chosen for, the table breakpoint, plan id, predicted time), the time spent queued and
-running, and the outputs.
+Thread hops, at most two per request: a binary body (.npy, raw bytes, OIP v2 binary) up to
+``INLINE_DECODE_BYTES`` is decoded on the event loop (a header and a view of the bytes:
+microseconds), a larger one, JSON or images in one worker thread; the batch runs on the model's
+own thread, which also encodes each request's outputs (orjson, straight from the array); the
+event loop only moves futures and splices the encoded outputs into the response (an
+``orjson.Fragment``: not encoded twice). The response names the plan (request size, the memory
+it was chosen for, its exact peak, plan id, predicted time) and where the time went (queue,
+compute input, compute infer, compute output, as Triton's perf_analyzer reports them).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from planner.settings import Settings
 from service import codecs
@@ -34,6 +40,7 @@ IMAGE_TYPES = ("image/jpeg", "image/jpg", "image/png")
 MULTIPART = "multipart/form-data"
 SUPPORTED = "application/json, application/x-npy, application/octet-stream, " \
             "multipart/form-data (JPEG/PNG files), image/jpeg or image/png"
+INLINE_DECODE_BYTES = 2 * 2**20  # binary bodies up to this are decoded on the event loop
 
 
 @dataclass(frozen=True)
@@ -43,7 +50,32 @@ class Decoded:
     entry: ModelEntry
     x: np.ndarray
     top_k: int | None = None
-    v2: codecs.V2Request | None = None  # an OIP v2 body sent to /infer: answered in kind
+    v2: codecs.V2Request | None = None  # an OIP v2 body: answered in kind
+    decode_s: float = 0.0               # how long decoding took
+
+    def encoder(self) -> Callable[[np.ndarray], bytes]:
+        """What the model's thread makes of this request's rows: the response's outputs."""
+        if self.top_k is not None:
+            k, labels = self.top_k, self.entry.labels
+            return lambda y: orjson.dumps(codecs.top_k(y, k, labels))
+        if self.v2 is not None:
+            binary = self.v2.binary_output
+            return lambda y: codecs.v2_encode(y, binary)
+        return codecs.encode_array
+
+
+def _timed(decode: Callable[..., np.ndarray], *args: Any, **kwargs: Any) -> tuple[np.ndarray, float]:
+    t0 = time.perf_counter()
+    x = decode(*args, **kwargs)
+    return x, time.perf_counter() - t0
+
+
+async def _binary(body: bytes, decode: Callable[..., np.ndarray], *args: Any, **kwargs: Any
+                  ) -> tuple[np.ndarray, float]:
+    """A binary body decoded on the event loop when small, else in a worker thread."""
+    if len(body) <= INLINE_DECODE_BYTES:
+        return _timed(decode, body, *args, **kwargs)
+    return await run_in_threadpool(_timed, decode, body, *args, **kwargs)
 
 
 def media_type(headers: Mapping[str, str]) -> str:
@@ -82,31 +114,17 @@ async def decode_infer(headers: Headers, body: bytes, registry: Registry, settin
         return entry
 
     if kind in JSON_TYPES or kind.endswith("+json"):
-        doc = await run_in_threadpool(codecs.parse_json, body)
-        if codecs.is_v2_body(doc):  # OIP v2 tensors, with the model named in the body or query
-            name = doc.pop("model", None)
-            if name is not None and not isinstance(name, str):
-                raise field_error("model", "must be a model name")
-            entry = named(_pick_model(model, name))
-            v2 = codecs.parse_v2_doc(doc)
-            x = await run_in_threadpool(codecs.v2_tensor, v2, entry.input_shape, limit)
-            return Decoded(entry, x, _check_top_k(entry, top_k), v2)
-        req = codecs.infer_json_from(doc)
-        entry = named(_pick_model(model, req.model))
-        k = _check_top_k(entry, top_k if top_k is not None else req.top_k)
-        x = await run_in_threadpool(codecs.tensor_from_json, req, entry.input_shape, limit)
-        return Decoded(entry, x, k)
+        return await run_in_threadpool(_decode_json, body, named, model, top_k, limit)
     if kind in NPY_TYPES or kind in RAW_TYPES:
         entry = named(model)
         k = _check_top_k(entry, top_k)
         if kind in NPY_TYPES:
-            x = await run_in_threadpool(codecs.decode_npy, body, entry.input_shape, limit)
+            x, spent = await _binary(body, codecs.decode_npy, entry.input_shape, limit)
         else:
-            x = await run_in_threadpool(
-                codecs.decode_raw, body, entry.input_shape, limit,
-                shape_text=shape or headers.get("x-tensor-shape"),
-                dtype_text=dtype or headers.get("x-tensor-dtype"))
-        return Decoded(entry, x, k)
+            x, spent = await _binary(body, codecs.decode_raw, entry.input_shape, limit,
+                                     shape_text=shape or headers.get("x-tensor-shape"),
+                                     dtype_text=dtype or headers.get("x-tensor-dtype"))
+        return Decoded(entry, x, k, decode_s=spent)
     if kind in IMAGE_TYPES or kind == MULTIPART:
         if kind == MULTIPART:
             parts, fields = await _multipart(headers, body, limit)
@@ -119,11 +137,31 @@ async def decode_infer(headers: Headers, body: bytes, registry: Registry, settin
             raise field_error("files", f"{entry.name} takes input "
                                        f"{codecs.model_shape_text(entry.input_shape)}, not "
                                        "images: send tensors (JSON, .npy or raw bytes)")
-        x = await run_in_threadpool(codecs.decode_images, parts, entry.preprocess,
-                                    entry.image_mode, entry.input_shape, limit,
-                                    settings.max_image_pixels)
-        return Decoded(entry, x, k)
+        x, spent = await run_in_threadpool(_timed, codecs.decode_images, parts, entry.preprocess,
+                                           entry.image_mode, entry.input_shape, limit,
+                                           settings.max_image_pixels)
+        return Decoded(entry, x, k, decode_s=spent)
     raise UnsupportedMediaError(f"header Content-Type: {kind!r} is not supported; use {SUPPORTED}")
+
+
+def _decode_json(body: bytes, named: Callable[[str | None], ModelEntry], model: str | None,
+                 top_k: int | None, limit: int) -> Decoded:
+    """A JSON /infer body, parsing to samples, in one worker thread."""
+    t0 = time.perf_counter()
+    doc = codecs.parse_json(body)
+    if codecs.is_v2_body(doc):  # OIP v2 tensors, with the model named in the body or query
+        name = doc.pop("model", None)
+        if name is not None and not isinstance(name, str):
+            raise field_error("model", "must be a model name")
+        entry = named(_pick_model(model, name))
+        v2 = codecs.parse_v2_doc(doc)
+        x = codecs.v2_tensor(v2, entry.input_shape, limit)
+        return Decoded(entry, x, _check_top_k(entry, top_k), v2, time.perf_counter() - t0)
+    req = codecs.infer_json_from(doc)
+    entry = named(_pick_model(model, req.model))
+    k = _check_top_k(entry, top_k if top_k is not None else req.top_k)
+    x = codecs.tensor_from_json(req, entry.input_shape, limit)
+    return Decoded(entry, x, k, decode_s=time.perf_counter() - t0)
 
 
 async def _multipart(headers: Headers, body: bytes, max_samples: int
@@ -159,27 +197,37 @@ async def _multipart(headers: Headers, body: bytes, max_samples: int
 
 
 async def decode_v2(headers: Headers, body: bytes, entry: ModelEntry, settings: Settings
-                    ) -> tuple[codecs.V2Request, np.ndarray]:
+                    ) -> Decoded:
+    """An OIP v2 request to ``/v2/models/{name}/infer`` (JSON, or binary tensors)."""
     header = headers.get("inference-header-content-length")
 
-    def decode() -> tuple[codecs.V2Request, np.ndarray]:
-        req = codecs.parse_v2(body, header)
+    def decode(data: bytes) -> tuple[codecs.V2Request, np.ndarray]:
+        req = codecs.parse_v2(data, header)
         return req, codecs.v2_tensor(req, entry.input_shape, settings.max_samples_per_request)
 
-    return await run_in_threadpool(decode)
+    if header is not None:  # binary tensors: a small JSON header and views of the bytes
+        (req, x), spent = await _binary(body, decode)
+    else:
+        (req, x), spent = await run_in_threadpool(_timed, decode, body)
+    return Decoded(entry, x, v2=req, decode_s=spent)
 
 
-async def run(entry: ModelEntry, x: np.ndarray, settings: Settings) -> Outcome:
-    """Queue ``x`` on the model's batcher; 504 when it is not answered within the timeout."""
+async def run(decoded: Decoded, settings: Settings, state: Any) -> Outcome:
+    """Queue the samples on the model's batcher; 504 when not answered within the timeout."""
+    entry = decoded.entry
     assert entry.batcher is not None
     timeout = settings.request_timeout_s
     try:
-        return await asyncio.wait_for(entry.batcher.submit(x), timeout)
+        outcome = await asyncio.wait_for(
+            entry.batcher.submit(decoded.x, decode_s=decoded.decode_s, encode=decoded.encoder()),
+            timeout)
     except asyncio.TimeoutError as exc:
         entry.batcher.metrics.rejected.labels(entry.name, "timeout").inc()
         raise RequestTimeoutError(
             f"model {entry.name}: no answer within {timeout:g} s (request_timeout_s): the service "
             "is busy or the request is large; retry, or send fewer samples") from exc
+    state.vbs_timing = outcome.timing  # the middleware counts what the rest of the server took
+    return outcome
 
 
 # -- what ran it -----------------------------------------------------------------------------
@@ -195,40 +243,45 @@ def plan_json(choice: Any) -> dict[str, Any]:
             "choice_s": choice.seconds}
 
 
+def timing_json(outcome: Outcome) -> dict[str, float]:
+    t = outcome.timing
+    return {"queue_s": t.queue_s, "input_s": t.input_s, "infer_s": t.infer_s,
+            "output_s": t.output_s, "run_s": t.run_s}
+
+
 def run_json(outcome: Outcome) -> dict[str, Any]:
     plans = [plan_json(c) for c in outcome.info.choices]
     return {"plan": plans[0] if plans else None, "plans": plans,
             "batch": outcome.batch_samples, "splits": outcome.info.splits,
             "oom_retries": outcome.info.oom_retries, "table_version": outcome.table_version,
-            "timing": {"queue_s": outcome.queue_s, "run_s": outcome.run_s}}
+            "timing": timing_json(outcome)}
 
 
 def infer_response(decoded: Decoded, outcome: Outcome) -> Response:
     """The /infer answer: outputs (or top-k) and what ran them; OIP v2 form for a v2 body."""
     if decoded.v2 is not None and decoded.top_k is None:
-        content, headers = codecs.v2_response(decoded.entry.name, decoded.v2.id, outcome.y,
-                                              decoded.v2.binary_output, v2_parameters(outcome))
-        return Response(content, headers=headers)
-    return JSONResponse(infer_json(decoded, outcome))
-
-
-def infer_json(decoded: Decoded, outcome: Outcome) -> dict[str, Any]:
+        return v2_response(decoded, outcome)
     y = outcome.y
     out: dict[str, Any] = {"model": decoded.entry.name, "samples": int(y.shape[0]),
                            "output_shape": list(y.shape)}
-    if decoded.top_k is not None:
-        out["top_k"] = codecs.top_k(y, decoded.top_k, decoded.entry.labels)
-    else:
-        out["outputs"] = codecs.finite_list(y)
+    out["top_k" if decoded.top_k is not None else "outputs"] = orjson.Fragment(outcome.encoded)
     out.update(run_json(outcome))
-    return out
+    return Response(orjson.dumps(out), media_type="application/json")
+
+
+def v2_response(decoded: Decoded, outcome: Outcome) -> Response:
+    assert decoded.v2 is not None
+    content, headers = codecs.v2_response(decoded.entry.name, decoded.v2.id, outcome.y,
+                                          outcome.encoded, decoded.v2.binary_output,
+                                          v2_parameters(outcome))
+    return Response(content, headers=headers)
 
 
 def v2_parameters(outcome: Outcome) -> dict[str, Any]:
     """OIP response parameters (scalars only): the plan and the timings."""
     first = outcome.info.choices[0] if outcome.info.choices else None
-    params: dict[str, Any] = {"batch": outcome.batch_samples, "queue_s": outcome.queue_s,
-                              "run_s": outcome.run_s, "splits": outcome.info.splits,
+    params: dict[str, Any] = {"batch": outcome.batch_samples, **timing_json(outcome),
+                              "splits": outcome.info.splits,
                               "oom_retries": outcome.info.oom_retries}
     if outcome.table_version is not None:
         params["table_version"] = outcome.table_version
@@ -239,5 +292,5 @@ def v2_parameters(outcome: Outcome) -> dict[str, Any]:
     return params
 
 
-__all__ = ["Decoded", "decode_infer", "decode_v2", "infer_json",
-           "infer_response", "plan_json", "run", "run_json", "v2_parameters"]
+__all__ = ["Decoded", "decode_infer", "decode_v2", "infer_response", "plan_json", "run",
+           "run_json", "timing_json", "v2_parameters", "v2_response"]

@@ -6,7 +6,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
-from starlette.concurrency import run_in_threadpool
 
 from service import serving
 from service.deps import ApiKey, BodyDep, RegistryDep, SettingsDep
@@ -61,5 +60,5 @@ async def post_infer(
     request.state.vbs_endpoint = "infer"
     decoded = await serving.decode_infer(request.headers, body, registry, settings, request.state,
                                          model=model, top_k=top_k, shape=shape, dtype=dtype)
-    outcome = await serving.run(decoded.entry, decoded.x, settings)
-    return await run_in_threadpool(serving.infer_response, decoded, outcome)
+    outcome = await serving.run(decoded, settings, request.state)
+    return serving.infer_response(decoded, outcome)

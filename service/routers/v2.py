@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from starlette.concurrency import run_in_threadpool
 
 from service import codecs, serving
 from service.deps import ApiKey, BodyDep, RegistryDep, SettingsDep
@@ -75,8 +74,6 @@ async def post_model_infer(name: str, request: Request, registry: RegistryDep,
     request.state.vbs_endpoint = "v2_infer"
     entry = registry.ready_entry(name)
     request.state.vbs_model = entry.name
-    req, x = await serving.decode_v2(request.headers, body, entry, settings)
-    outcome = await serving.run(entry, x, settings)
-    content, headers = await run_in_threadpool(codecs.v2_response, entry.name, req.id, outcome.y,
-                                               req.binary_output, serving.v2_parameters(outcome))
-    return Response(content, headers=headers)
+    decoded = await serving.decode_v2(request.headers, body, entry, settings)
+    outcome = await serving.run(decoded, settings, request.state)
+    return serving.v2_response(decoded, outcome)
