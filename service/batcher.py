@@ -9,8 +9,9 @@ from the queue that built up meanwhile. ``max_batch_delay_ms`` > 0 (or a latency
 the loop wait that long for company after the first request. A failure goes to every future of
 its batch.
 
-On the model's own thread (a single-thread executor: torch never runs on the event loop, one
-model runs one batch at a time): every request's samples are written into one reusable batch
+On the torch thread the registry gives it (``executor``: a single thread; torch never runs on
+the event loop, one model runs one batch at a time; on the CPU every model of the process
+shares one, see ``service.registry``): every request's samples are written into one reusable batch
 buffer (pinned host memory on CUDA, so the batch goes to the device in one transfer), the
 worker runs it, and each request gets its rows of the output as a view, encoded there by the
 request's own encoder (``submit(encode=...)``), so the response needs no further thread.
@@ -35,7 +36,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,8 +115,8 @@ _STOP = object()
 class Batcher:
     """Batches requests for one model's worker (see the module doc)."""
 
-    def __init__(self, name: str, worker: Worker, *, max_delay_s: float, max_queue: int,
-                 latency_target_s: float | None, metrics: Metrics,
+    def __init__(self, name: str, worker: Worker, executor: Executor, *, max_delay_s: float,
+                 max_queue: int, latency_target_s: float | None, metrics: Metrics,
                  table_version: Callable[[], int | None] = lambda: None) -> None:
         self.name = name
         self.worker = worker
@@ -123,13 +124,14 @@ class Batcher:
         self.max_queue = max_queue
         self.latency_target_s = latency_target_s
         self.metrics = metrics
+        self._m = metrics.for_model(name)
         self._table_version = table_version
         self._queue: asyncio.Queue[object] = asyncio.Queue()
         self._carry: _Pending | None = None
         self._waiting = 0           # requests queued (including the carried one), not yet run
         self._closing = False
         self._task: asyncio.Task[None] | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"vbs-{name}")
+        self._executor = executor  # its owner shuts it down
         self._buffer: Any = None    # the batch buffer (a torch tensor), grown as needed
         self.gather_limit = worker.batch_max
         self.running = False        # a batch is on the worker now
@@ -142,7 +144,7 @@ class Batcher:
         self._task = asyncio.create_task(self._loop(), name=f"vbs-batcher-{self.name}")
 
     async def close(self, timeout_s: float | None = None) -> None:
-        """Stop taking requests, run and answer every accepted one, then stop the thread."""
+        """Stop taking requests, run and answer every accepted one."""
         if self._closing:
             return
         self._closing = True
@@ -156,9 +158,6 @@ class Batcher:
                 self._task.cancel()
                 await asyncio.gather(self._task, return_exceptions=True)
                 self._fail_waiting(UnavailableError(f"model {self.name} is shutting down"))
-                self._executor.shutdown(wait=False)  # a batch still on the thread is left to end
-                return
-        self._executor.shutdown(wait=True)
 
     @property
     def waiting(self) -> int:
@@ -190,7 +189,7 @@ class Batcher:
         pending = _Pending(x, asyncio.get_running_loop().create_future(), time.perf_counter(),
                            decode_s, encode)
         self._waiting += 1
-        self.metrics.queue_depth.labels(self.name).set(self._waiting)
+        self._m.queue_depth.set(self._waiting)
         self._queue.put_nowait(pending)
         return await pending.future
 
@@ -207,7 +206,7 @@ class Batcher:
     def _taken(self, item: _Pending) -> bool:
         """Count ``item`` out of the queue; False when its request has gone (timed out)."""
         self._waiting -= 1
-        self.metrics.queue_depth.labels(self.name).set(self._waiting)
+        self._m.queue_depth.set(self._waiting)
         return not item.future.done()
 
     async def _gather(self, stopping: bool) -> tuple[list[_Pending], bool]:
@@ -277,25 +276,25 @@ class Batcher:
         self.gather_limit = done.limit
         info = done.info
         total = sum(p.n for p in batch)
-        m = self.metrics
-        m.batch_size.labels(self.name).observe(total)
-        m.samples.labels(self.name).inc(total)
-        m.run_time.labels(self.name).observe(done.run_s)
+        m = self._m
+        m.batch_size.observe(total)
+        m.samples.inc(total)
+        m.run_time.observe(done.run_s)
         if info.oom_retries:
-            m.oom_retries.labels(self.name).inc(info.oom_retries)
+            m.oom_retries.inc(info.oom_retries)
         if info.splits:
-            m.splits.labels(self.name).inc(info.splits)
+            m.splits.inc(info.splits)
         for choice in info.choices:
-            m.choice_time.labels(self.name).observe(choice.seconds)
+            m.choice_time.observe(choice.seconds)
         if info.choices:
             last = info.choices[-1]
-            m.free_memory.labels(self.name).set(last.free_bytes)
-            m.plan_peak.labels(self.name).set(last.peak_bytes)
+            m.free_memory.set(last.free_bytes)
+            m.plan_peak.set(last.peak_bytes)
         for p, (y, encoded, copy_s, encode_s) in zip(batch, done.rows):
             timing = Timing(queue_s=started - p.submitted, input_s=p.decode_s + copy_s,
                             infer_s=done.infer_s, output_s=done.transfer_s + encode_s,
                             run_s=done.run_s)
-            m.observe_request(self.name, timing)
+            m.observe_request(timing)
             if p.future.done():
                 continue
             if isinstance(encoded, Exception):  # only this request's encoding failed

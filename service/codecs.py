@@ -27,6 +27,7 @@ Formats:
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -268,18 +269,35 @@ def tensor_from_json(req: InferJson, input_shape: Sequence[int], max_samples: in
 # -- .npy and raw bytes ----------------------------------------------------------------------
 
 
-def decode_npy(body: bytes, input_shape: Sequence[int], max_samples: int) -> np.ndarray:
-    """One array from ``.npy`` bytes; the header is checked first, pickles are refused."""
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+@functools.lru_cache(maxsize=64)
+def _npy_header(header: bytes) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
+    """(shape, fortran order, dtype) of a ``.npy`` header (its bytes up to the data), parsed by
+    numpy once per distinct header: clients send the same shape again and again, and the
+    header is a Python literal that numpy reads with ``ast.literal_eval``."""
     fmt = np.lib.format
-    stream = io.BytesIO(body)
+    stream = io.BytesIO(header)
+    version = fmt.read_magic(stream)
+    if version == (1, 0):
+        return fmt.read_array_header_1_0(stream)
+    if version == (2, 0):
+        return fmt.read_array_header_2_0(stream)
+    raise ValueError(f"format version {version} is not supported")
+
+
+def decode_npy(body: bytes, input_shape: Sequence[int], max_samples: int) -> np.ndarray:
+    """One array from ``.npy`` bytes, read in place; the header is checked first, pickles are
+    refused."""
     try:
-        version = fmt.read_magic(stream)
-        if version == (1, 0):
-            shape, fortran, dtype = fmt.read_array_header_1_0(stream)
-        elif version == (2, 0):
-            shape, fortran, dtype = fmt.read_array_header_2_0(stream)
-        else:
-            raise ValueError(f"format version {version} is not supported")
+        if not body.startswith(_NPY_MAGIC) or len(body) < 10:
+            raise ValueError("it does not start with the .npy magic bytes")
+        size = 2 if body[6] == 1 else 4
+        start = 8 + size + int.from_bytes(body[8:8 + size], "little")
+        if start > len(body):
+            raise ValueError("its header is cut short")
+        shape, fortran, dtype = _npy_header(body[:start])
     except (ValueError, OSError, SyntaxError, TypeError, EOFError) as exc:
         raise field_error("body", f"is not a .npy array ({exc}); write it with numpy.save, or "
                                   "send JSON") from exc
@@ -287,7 +305,6 @@ def decode_npy(body: bytes, input_shape: Sequence[int], max_samples: int) -> np.
         raise field_error("body", f"the .npy dtype {dtype} is not a plain numeric type (object "
                                   "arrays are never unpickled); send float32 values")
     count = math.prod(shape)
-    start = stream.tell()
     follows = len(body) - start
     if count * dtype.itemsize != follows:
         raise field_error("body", f"the .npy header says shape {_shape_text(shape)} of {dtype} "
@@ -388,15 +405,17 @@ def decode_images(parts: Sequence[ImagePart], preprocess: Preprocess, mode: str,
 def build_preprocess(model_name: str, input_shape: Sequence[int]) -> tuple[Preprocess, str] | None:
     """The preprocessing of a model's images, and its Pillow mode; None when images do not fit.
 
-    Torchvision classification models use their weights' transforms
-    (``get_model_weights(name).DEFAULT.transforms()``: resize, centre crop, normalise) with the
-    crop set to the planned input size and the resize scaled alike (a planned 224 gives exactly
-    the default transforms); other models resize to the planned size and scale to [0, 1].
+    Torchvision classification models use their weights' transforms (resize, centre crop,
+    normalise: ``get_model_weights(name).DEFAULT.transforms()``) with the crop set to the
+    planned input size and the resize scaled alike (a planned 224 gives exactly the default
+    transforms); other models resize to the planned size and scale to [0, 1]. The geometry is
+    torchvision's functional API on the Pillow image (Pillow does the work), the scaling and
+    normalisation numpy's, as the transforms compute them in float32: no torch op runs here,
+    so decoding threads never start OpenMP teams beside the model's (``service.registry``).
     Models whose input is not one image (C, H, W) with 1 or 3 channels take no images.
     """
     if len(input_shape) != 3 or input_shape[0] not in (1, 3):
         return None
-    import torch
     from torchvision.transforms import InterpolationMode
     from torchvision.transforms import functional as F
 
@@ -406,38 +425,40 @@ def build_preprocess(model_name: str, input_shape: Sequence[int]) -> tuple[Prepr
     if weights is not None:
         default = weights.transforms()
         crop, resize = _first(default.crop_size), _first(default.resize_size)
+        interpolation = default.interpolation
+        mean = np.asarray(default.mean, dtype=np.float32)
+        std = np.asarray(default.std, dtype=np.float32)
         if height == width:
-            transforms = weights.transforms(crop_size=height,
-                                            resize_size=max(height, round(height * resize / crop)))
-        else:  # a non-square input: resize to it, then the weights' normalisation
-            def transforms(image: Any) -> Any:
-                x = F.resize(F.pil_to_tensor(image), [height, width],
-                             interpolation=default.interpolation, antialias=True)
-                x = F.convert_image_dtype(x, torch.float32)
-                return F.normalize(x, mean=list(default.mean), std=list(default.std))
+            size = max(height, round(height * resize / crop))
 
-        def run(image: Any) -> Any:
-            return transforms(image).numpy()
+            def geometry(image: Any) -> Any:
+                return F.center_crop(F.resize(image, [size], interpolation=interpolation),
+                                     [height, width])
+        else:  # a non-square input: resize to it, then the weights' normalisation
+            def geometry(image: Any) -> Any:
+                return F.resize(image, [height, width], interpolation=interpolation)
         how = f"{model_name} weights' transforms, crop {height}x{width}"
-    else:
-        def run(image: Any) -> Any:
-            x = F.resize(F.pil_to_tensor(image), [height, width],
-                         interpolation=InterpolationMode.BILINEAR, antialias=True)
-            return F.convert_image_dtype(x, torch.float32).numpy()
-        how = f"resize to {height}x{width}, scale to [0, 1]"
-    return _Preprocess(run, how), mode
+        return _Preprocess(geometry, mean, std, how), mode
+
+    def plain(image: Any) -> Any:
+        return F.resize(image, [height, width], interpolation=InterpolationMode.BILINEAR)
+    return _Preprocess(plain, None, None, f"resize to {height}x{width}, scale to [0, 1]"), mode
 
 
 @dataclass(frozen=True)
 class _Preprocess:
-    run: Callable[[Any], Any]
+    geometry: Callable[[Any], Any]  # a Pillow image -> a Pillow image of the planned size
+    mean: np.ndarray | None
+    std: np.ndarray | None
     description: str
 
-    def __call__(self, image: Any) -> Any:
-        import torch
-
-        with torch.inference_mode():
-            return self.run(image)
+    def __call__(self, image: Any) -> np.ndarray:
+        x = np.asarray(self.geometry(image), dtype=np.float32) / np.float32(255)
+        if x.ndim == 2:
+            x = x[:, :, None]
+        if self.mean is not None:
+            x = (x - self.mean) / self.std
+        return np.ascontiguousarray(x.transpose(2, 0, 1))
 
 
 def _first(value: Any) -> int:
@@ -514,7 +535,7 @@ class V2Input:
     shape: tuple[int, ...]
     datatype: str
     data: Any = None            # JSON data, or None when binary
-    raw: bytes | None = None    # binary tensor data
+    raw: bytes | memoryview | None = None  # binary tensor data (a view of the body)
 
 
 @dataclass(frozen=True)
@@ -536,7 +557,7 @@ def _parameters(value: Any, where: str) -> dict[str, Any]:
 
 def parse_v2(body: bytes, header_length: str | None) -> V2Request:
     """An OIP v2 inference request, JSON or JSON + binary tensors."""
-    binary = b""
+    binary: bytes | memoryview = b""
     head = body
     if header_length is not None:
         text = header_length.strip()
@@ -544,11 +565,13 @@ def parse_v2(body: bytes, header_length: str | None) -> V2Request:
             raise field_error("header Inference-Header-Content-Length",
                               f"{header_length!r} must be the length of the JSON header, "
                               f"1..{len(body)} (the body's length)")
-        head, binary = body[:int(text)], body[int(text):]
+        # views, not copies: the tensors are read in place from the body
+        head, binary = body[:int(text)], memoryview(body)[int(text):]
     return parse_v2_doc(parse_json(head), binary, header_length is not None)
 
 
-def parse_v2_doc(doc: Any, binary: bytes = b"", header_given: bool = False) -> V2Request:
+def parse_v2_doc(doc: Any, binary: bytes | memoryview = b"", header_given: bool = False
+                 ) -> V2Request:
     """An OIP v2 request from its JSON header and the binary tensor data after it."""
     doc = _object(doc, "body", ("id", "parameters", "inputs", "outputs"), ("inputs",))
     request_id = doc.get("id")

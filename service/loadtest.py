@@ -122,7 +122,7 @@ async def run_loadtest(url: str, model: str, *, clients: int, duration_s: float,
         raise UsageError(f"--duration {duration_s}: give 0..{MAX_DURATION_S:g} seconds")
     if not 1 <= samples <= MAX_SAMPLES:
         raise UsageError(f"--samples {samples}: give 1..{MAX_SAMPLES}")
-    if fmt not in ("npy", "json"):
+    if fmt not in ("npy", "json", "npy-form"):
         raise UsageError(f"--format {fmt!r}: use npy or json")
     if not 0 <= warmup_s <= MAX_DURATION_S:
         raise UsageError(f"--warmup {warmup_s}: give 0..{MAX_DURATION_S:g} seconds")
@@ -136,8 +136,12 @@ async def run_loadtest(url: str, model: str, *, clients: int, duration_s: float,
         else:
             path, params, shape = peer[0], {}, list(peer[1])
         x = np.random.default_rng(seed).standard_normal((samples, *shape)).astype(np.float32)
+        files = None
         if fmt == "npy":
             body, ctype = _npy(x), "application/x-npy"
+        elif fmt == "npy-form":  # the same .npy as a multipart file (for LitServe)
+            body, ctype = b"", ""
+            files = {"input": ("x.npy", _npy(x), "application/x-npy")}
         else:
             body, ctype = json.dumps({"inputs": x.tolist()}).encode(), "application/json"
         result = Result(duration_s=0.0)
@@ -150,8 +154,11 @@ async def run_loadtest(url: str, model: str, *, clients: int, duration_s: float,
                 counted = loop.time() >= started
                 t0 = time.perf_counter()
                 try:
-                    response = await client.post(path, params=params, content=body,
-                                                 headers={"Content-Type": ctype})
+                    if files is None:
+                        response = await client.post(path, params=params, content=body,
+                                                     headers={"Content-Type": ctype})
+                    else:
+                        response = await client.post(path, params=params, files=files)
                 except httpx.HTTPError as exc:
                     if counted:
                         result.add_error(type(exc).__name__)

@@ -1,8 +1,17 @@
 """The models a service serves, their plan tables, and keeping those tables current.
 
-At start, each model is prepared in a thread (``planner.pipeline.prepare``: its table read from
-the store by the profile's fingerprint, or profiled, solved and published), one after another,
-with a progress log; a worker and a batcher are built for it. The service is ready when every
+At start, each model is prepared (``planner.pipeline.prepare``: its table read from the store
+by the profile's fingerprint, or profiled, solved and published), one after another, with a
+progress log; a worker and a batcher are built for it.
+
+Torch threads. PyTorch's CPU kernels parallelise with OpenMP (libgomp), and every thread that
+starts a parallel region gets an OpenMP team of its own; once a process holds more OpenMP
+threads than CPUs, libgomp stops spinning between parallel regions and every region pays for
+waking its threads. Measured on 2 cores (``bench/threads.py``), mnasnet0_5 on one sample ran
+2.1-2.5x slower in `vbs serve` than the same plan in process, because the model was loaded on
+one thread and run on another. So on the CPU one thread runs all the process's torch work:
+preparing every model and every batch of every model (image preprocessing is torch-free). On
+CUDA each model has its own thread (its kernels run on the device, so models overlap there). The service is ready when every
 model is. A plan store that cannot be reached at start is retried with backoff (counted in
 ``vbs_store_errors``); a model that cannot be loaded (bad name, untraceable) is marked failed
 with the reason, shown by the readiness endpoints.
@@ -25,6 +34,7 @@ import logging
 import random
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,6 +155,8 @@ class Registry:
             metrics.model_ready.labels(served).set(0)
         self.backoff = Backoff(base=settings.store_retry_base_s, cap=settings.store_retry_cap_s)
         self._rng = random.Random()
+        self._cpu_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vbs-torch")
+        self._executors: dict[str, ThreadPoolExecutor] = {}  # model -> its torch thread
         self._store: PlanStore | None = None
         self._astore: AsyncPlanStore | None = None
         self._load_task: asyncio.Task[None] | None = None
@@ -238,6 +250,8 @@ class Registry:
         batchers = [e.batcher for e in self.entries.values() if e.batcher is not None]
         await asyncio.gather(*(b.close(self.settings.request_timeout_s) for b in batchers),
                              return_exceptions=True)
+        for executor in {self._cpu_thread, *self._executors.values()}:
+            executor.shutdown(wait=False)  # drained above; a batch stuck past it is left to end
         if self._astore is not None:
             try:
                 await self._astore.aclose()
@@ -260,7 +274,18 @@ class Registry:
         if any(e.ready for e in self.entries.values()):
             self._watch_task = asyncio.create_task(self._watch(), name="vbs-watch-tables")
 
+    def _torch_thread(self, entry: ModelEntry) -> ThreadPoolExecutor:
+        """The thread that runs ``entry``'s torch work: the process's one on the CPU."""
+        if entry.spec.device == "cpu":
+            return self._cpu_thread
+        if entry.name not in self._executors:
+            self._executors[entry.name] = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=f"vbs-torch-{entry.name}")
+        return self._executors[entry.name]
+
     async def _load(self, entry: ModelEntry, i: int, total: int) -> None:
+        loop = asyncio.get_running_loop()
+        executor = self._torch_thread(entry)
         attempt = 0
         while True:
             started = time.monotonic()
@@ -268,7 +293,7 @@ class Registry:
                      i, total, self.settings.store_location)
             heartbeat = asyncio.create_task(self._heartbeat(entry, started))
             try:
-                await asyncio.to_thread(self._prepare, entry)
+                await loop.run_in_executor(executor, self._prepare, entry)
             except StoreError as exc:
                 self.metrics.store_errors.inc()
                 delay = self.backoff.delay(attempt, self._rng.random())
@@ -287,7 +312,7 @@ class Registry:
             finally:
                 heartbeat.cancel()
             break
-        batcher = Batcher(entry.name, entry.worker,
+        batcher = Batcher(entry.name, entry.worker, executor,
                           max_delay_s=self.settings.max_batch_delay_ms / 1000,
                           max_queue=self.settings.max_queue,
                           latency_target_s=self.settings.latency_target_s, metrics=self.metrics,

@@ -90,8 +90,12 @@ def test_loadtest_against_a_running_service(vbs_cache: Path, tmp_path: Path,
         assert 0 < summary["latency_p50_s"] <= summary["latency_p99_s"]
         assert 0 <= summary["overhead_p50_s"] <= summary["latency_p50_s"]
         assert summary["overhead_p99_s"] is not None
+        parts = summary["breakdown_p50_s"]
+        assert set(parts) == {"queue", "input", "infer", "output", "rest"}
+        assert all(v >= 0 for v in parts.values()) and parts["infer"] > 0
         table = format_table(summary)
         assert "latency p50 / p99" in table and "overhead p50 / p99" in table
+        assert "p50 queue / input / infer / output / rest" in table
         assert main(["loadtest", "--url", server.url, "--model", "tiny", "--clients", "2",
                      "--duration", "0.5", "--format", "json", "--json"]) == 0
         printed = json.loads(capsys.readouterr().out)

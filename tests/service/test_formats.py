@@ -48,7 +48,10 @@ def check_run(body: dict, n: int) -> None:
     assert 1 <= plan["batch"] <= 4 and plan["peak_bytes"] <= plan["budget_bytes"]
     assert len(plan["plan_id"]) == 16 and plan["predicted_time_s"] > 0
     assert body["batch"] >= n and body["table_version"] == 1
-    assert body["timing"]["queue_s"] >= 0 and body["timing"]["run_s"] > 0
+    timing = body["timing"]  # perf_analyzer's breakdown: queue, compute input/infer/output
+    assert set(timing) == {"queue_s", "input_s", "infer_s", "output_s", "run_s"}
+    assert all(v >= 0 for v in timing.values()) and timing["run_s"] > 0
+    assert 0 < timing["infer_s"] <= timing["run_s"]
 
 
 def test_json_nested_samples(client: httpx.Client, entry) -> None:  # type: ignore[no-untyped-def]
@@ -135,11 +138,11 @@ def test_image_for_a_model_without_weights_is_resized(client: httpx.Client, entr
     r = client.post("/infer", content=buf.getvalue(), headers={"Content-Type": "image/png"})
     assert r.status_code == 200, r.text
     assert r.json()["output_shape"] == [1, 4, 8, 8]
-    # the same image as a 3x8x8 tensor in [0, 1]: resize (bilinear, antialiased), then / 255
-    import torch
+    # the same image as a 3x8x8 tensor in [0, 1]: resized (bilinear, antialiased: Pillow's, as
+    # torchvision resizes a Pillow image), then / 255
     from torchvision.transforms import functional as F
-    resized = F.resize(torch.from_numpy(pixels).permute(2, 0, 1), [8, 8], antialias=True)
-    x = (resized.float() / 255).numpy()[None]
+    resized = np.asarray(F.resize(Image.fromarray(pixels), [8, 8]), dtype=np.float32)
+    x = (resized / 255).transpose(2, 0, 1)[None]
     assert_close(r.json()["outputs"], reference(entry, x))
 
 
@@ -264,6 +267,9 @@ def test_metrics_count_requests_batches_and_memory(client: httpx.Client) -> None
     assert value('vbs_free_memory_bytes{model="tiny"}') > 0
     assert value('vbs_plan_peak_bytes{model="tiny"}') > 0
     assert value('vbs_plan_choice_seconds_count{model="tiny"}') >= 1
+    requests = value('vbs_queue_time_seconds_count{model="tiny"}')
+    for part in ("compute_input", "compute_infer", "compute_output", "server_overhead"):
+        assert value(f'vbs_{part}_seconds_count{{model="tiny"}}') == requests, part
     assert value('vbs_model_ready{model="tiny"}') == 1
     assert value("vbs_store_errors_total") == 0
     for name in ("vbs_oom_retries_total", "vbs_table_reloads_total"):
