@@ -3,11 +3,18 @@ the memory free at that moment.
 
 One asyncio queue and one future per request (as in Ray Serve's ``batching.py``). A loop takes
 the first waiting request, then everything else already waiting, up to the gather limit, and
-runs the batch at once: nothing waits on a timer when the model is free (as Triton does with
+runs the batch at once: nothing waits on a timer when the model is idle (as Triton does with
 no queue delay). While a batch runs, new requests queue, so under load the next batch fills
-from the queue that built up meanwhile. ``max_batch_delay_ms`` > 0 (or a latency target) makes
-the loop wait that long for company after the first request. A failure goes to every future of
-its batch.
+from the queue that built up meanwhile. ``max_batch_delay_ms`` > 0 makes the loop wait that
+long for company after the first request. A failure goes to every future of its batch.
+
+The follow-up window. Closed-loop clients (each sends its next request when its answer comes)
+fall into ping-pong without it: measured with 8 one-sample clients on mobilenet_v2, batches
+alternated between 1 sample and 7 (the 7 answered clients were still sending when the model
+freed, so the first of them ran alone). So when the model frees within ``follow_up`` x (the
+last batch's run time) of the last batch's end, and fewer samples wait than that batch ran,
+the loop waits for them until that window closes: at most a tenth of a batch (the default),
+and never when the model is idle (no batch just ended) or with a single client.
 
 On the torch thread the registry gives it (``executor``: a single thread; torch never runs on
 the event loop, one model runs one batch at a time; on the CPU every model of the process
@@ -117,12 +124,15 @@ class Batcher:
 
     def __init__(self, name: str, worker: Worker, executor: Executor, *, max_delay_s: float,
                  max_queue: int, latency_target_s: float | None, metrics: Metrics,
+                 follow_up: float = 0.1,
                  table_version: Callable[[], int | None] = lambda: None) -> None:
         self.name = name
         self.worker = worker
         self.max_delay_s = max_delay_s
         self.max_queue = max_queue
         self.latency_target_s = latency_target_s
+        self.follow_up = follow_up
+        self._last = (0, 0.0, 0.0)  # the last batch: samples, run seconds, loop time it ended
         self.metrics = metrics
         self._m = metrics.for_model(name)
         self._table_version = table_version
@@ -229,11 +239,18 @@ class Batcher:
         limit = max(1, self.gather_limit)
         n = batch[0].n
         deadline = loop.time() + self.max_delay_s
+        last_samples, last_run_s, last_end = self._last
+        follow_until = last_end + self.follow_up * last_run_s  # see "the follow-up window"
         while n < limit:
             try:
                 item = self._queue.get_nowait()  # everything already waiting, at once
             except asyncio.QueueEmpty:
-                remaining = deadline - loop.time()
+                if self.max_delay_s > 0:
+                    remaining = deadline - loop.time()
+                elif n < last_samples:
+                    remaining = follow_until - loop.time()
+                else:
+                    break
                 if remaining <= 0:  # no delay configured (the default): run what is here now
                     break
                 try:
@@ -276,6 +293,7 @@ class Batcher:
         self.gather_limit = done.limit
         info = done.info
         total = sum(p.n for p in batch)
+        self._last = (total, done.run_s, loop.time())
         m = self._m
         m.batch_size.observe(total)
         m.samples.inc(total)

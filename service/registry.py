@@ -316,6 +316,7 @@ class Registry:
                           max_delay_s=self.settings.max_batch_delay_ms / 1000,
                           max_queue=self.settings.max_queue,
                           latency_target_s=self.settings.latency_target_s, metrics=self.metrics,
+                          follow_up=self.settings.batch_follow_up,
                           table_version=lambda: entry.table_version)
         await batcher.start()
         entry.batcher = batcher

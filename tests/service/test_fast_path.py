@@ -184,3 +184,24 @@ def test_image_preprocessing_is_torchvision_s_without_torch() -> None:
     weights = torchvision.models.get_model_weights("resnet50").DEFAULT
     assert mode == "RGB"
     assert np.array_equal(pre(image), weights.transforms()(image).numpy())
+
+
+def test_the_follow_up_window_waits_only_right_after_a_larger_batch(
+        make_settings: Callable[..., Settings]) -> None:
+    """Closed-loop clients: a batch of 2 just ended, one request waits for the other to come back
+    (within a tenth of that batch's run time); long after, a lone request runs alone."""
+    app = create_app(make_settings(max_batch_delay_ms=0, batch_follow_up=0.1))
+
+    async def main() -> None:
+        async with running(app):
+            batcher = app.state.registry.entries["tiny"].batcher
+            loop = asyncio.get_running_loop()
+            batcher._last = (2, 600.0, loop.time())  # 2 samples ran for 10 min, just now
+            a = asyncio.create_task(batcher.submit(x_(1, 1)))
+            await wait_until(lambda: batcher.waiting == 0, what="the first request taken")
+            b = asyncio.create_task(batcher.submit(x_(1, 2)))
+            assert (await a).batch_samples == 2 == (await b).batch_samples
+            batcher._last = (2, 600.0, loop.time() - 3600)  # an hour ago: the model is idle
+            assert (await batcher.submit(x_(1, 3))).batch_samples == 1
+
+    run(main())
