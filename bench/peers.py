@@ -96,7 +96,6 @@ def serve_ray(model: str, port: int, batch: int, wait_s: float, threads: int) ->
             return Response(await self.run(x), media_type="application/json")
 
     serve.run(Model.bind(), route_prefix="/predict", blocking=False)
-    print("READY", flush=True)
     while True:
         time.sleep(3600)
 
@@ -131,6 +130,8 @@ if ls is not None:
         def predict(self, x: Any) -> Any:
             import torch
 
+            if not isinstance(x, torch.Tensor):  # max_batch_size=1: batch() is not called
+                x = torch.from_numpy(x)
             with torch.inference_mode():
                 return self.model(x).numpy()
 
@@ -138,7 +139,7 @@ if ls is not None:
             return list(y)
 
         def encode_response(self, y: Any) -> Any:
-            return {"outputs": y.tolist()}
+            return {"outputs": y.reshape(-1, y.shape[-1]).tolist()}
 
     # LitServe reads the annotation to hand over the request: a Starlette Request gets its form
     # parsed (this module's annotations are strings, which it would take for a query parameter)
@@ -215,7 +216,11 @@ def start(kind: str, args: argparse.Namespace, port: int) -> tuple[subprocess.Po
          "--batch", batch, "--wait", str(wait), "--threads", str(args.threads)], env=env,
         start_new_session=True)
     fmt = "npy" if peer == "ray" else "npy-form"
-    _wait_answering(f"http://127.0.0.1:{port}/predict", fmt, args.model, process)
+    try:
+        _wait_answering(f"http://127.0.0.1:{port}/predict", fmt, args.model, process)
+    except SystemExit:
+        stop(process)
+        raise
     return process, "/predict", fmt
 
 
@@ -277,7 +282,11 @@ def main() -> None:
     for k in range(1, args.rounds + 1):
         for config in configs:
             port = _port()
-            process, path, fmt = start(config, args, port)
+            try:
+                process, path, fmt = start(config, args, port)
+            except SystemExit as exc:  # one server that will not start does not end the bench
+                print(f"| {config} | - | {k} | did not start: {exc} | | | |", flush=True)
+                continue
             try:
                 for c in clients:
                     summary = asyncio.run(run_loadtest(

@@ -58,6 +58,7 @@ class Result:
     latencies: list[float] = field(default_factory=list)   # successful requests
     overheads: list[float] = field(default_factory=list)   # latency - reported run time
     parts: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in PARTS})
+    batches: dict[int, int] = field(default_factory=dict)  # batch size -> requests it answered
     samples: int = 0
     errors: dict[str, int] = field(default_factory=dict)   # status (or exception) -> count
 
@@ -95,6 +96,7 @@ class Result:
             "overhead_p50_s": pct(self.overheads, 50), "overhead_p99_s": pct(self.overheads, 99),
             "breakdown_p50_s": {k: pct(v, 50) for k, v in self.parts.items()},
             "breakdown_p99_s": {k: pct(v, 99) for k, v in self.parts.items()},
+            "requests_by_batch_size": dict(sorted(self.batches.items())),
         }
 
 
@@ -172,6 +174,7 @@ async def run_loadtest(url: str, model: str, *, clients: int, duration_s: float,
                 if peer is None:
                     doc = response.json()
                     result.add(elapsed, int(doc["samples"]), doc["timing"])
+                    result.batches[int(doc["batch"])] = result.batches.get(int(doc["batch"]), 0) + 1
                 else:
                     result.add(elapsed, samples, None)
 

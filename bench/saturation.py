@@ -1,0 +1,102 @@
+"""Is the model the bottleneck at saturation? `vbs serve` under C clients against the same
+batches run offline.
+
+    python bench/saturation.py --model mobilenet_v2 [--clients 8] [--duration 20] [--rounds 2]
+
+1. `vbs serve` (its own process, tables from ``vbs plan``, ample memory) under ``vbs
+   loadtest``'s generator: C clients, one sample per request, for ``--duration`` seconds after
+   a warm-up. Every response names the size of the batch it ran in, so the mix of batch sizes
+   the service ran is known (a batch of b answers b requests).
+2. In this process, on the same tables: the same plans (``Worker.infer`` on b samples, ample
+   memory) timed for every batch size of the mix, interleaved in rounds.
+3. What the service would do if only the model took time: the mix's samples over the offline
+   time of its batches; beside it the service's throughput, and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from planner.models import ModelSpec
+from planner.pipeline import prepare
+from planner.settings import Settings
+from planner.store import open_store
+from service.loadtest import run_loadtest
+from workers.memory import MemoryProbe
+from workers.worker import Worker
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="mobilenet_v2")
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--duration", type=float, default=20.0)
+    ap.add_argument("--warmup", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--batch-max", type=int, default=16)
+    ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "vbs-serve"))
+    ap.add_argument("--store", default=str(Path.home() / ".cache" / "vbs-serve" / "peers-store"))
+    args = ap.parse_args()
+    settings = Settings(cache_dir=args.cache_dir, store=args.store, batch_max=args.batch_max)
+    with open_store(settings.store_location) as store:
+        prepared = prepare(ModelSpec(args.model), settings, store, progress=False)
+    worker = Worker(prepared.capture, prepared.table, MemoryProbe("cpu"))
+    print("| round | clients | service (samples/s) | batch sizes run (requests) | the same batches "
+          "offline (samples/s) | service / offline |")
+    print("|---|---|---|---|---|---|")
+    for k in range(1, args.rounds + 1):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        vbs = Path(sys.executable).with_name("vbs")
+        server = subprocess.Popen([str(vbs), "serve", "--model", args.model, "--store", args.store,
+                                   "--batch-max", str(args.batch_max), "--port", str(port),
+                                   "--log-level", "warning"],
+                                  env={**os.environ, "VBS_CACHE_DIR": args.cache_dir})
+        try:
+            url = f"http://127.0.0.1:{port}"
+            while True:
+                try:
+                    if httpx.get(f"{url}/v2/health/ready").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if server.poll() is not None:
+                    raise SystemExit("vbs serve exited")
+                time.sleep(0.5)
+            summary = asyncio.run(run_loadtest(url, args.model, clients=args.clients,
+                                               duration_s=args.duration, warmup_s=args.warmup))
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+        mix = {int(b): n / int(b) for b, n in summary["requests_by_batch_size"].items()}
+        offline: dict[int, list[float]] = {b: [] for b in mix}
+        examples = {b: prepared.capture.model.example(b, seed=b) for b in mix}
+        for b in mix:  # warm-up
+            worker.infer(examples[b], free=lambda: 1 << 62)
+        for _ in range(5):
+            for b in mix:
+                t0 = time.perf_counter()
+                worker.infer(examples[b], free=lambda: 1 << 62)
+                offline[b].append(time.perf_counter() - t0)
+        samples = sum(b * n for b, n in mix.items())
+        seconds = sum(n * statistics.median(offline[b]) for b, n in mix.items())
+        expected = samples / seconds
+        got = summary["throughput_samples_per_s"]
+        sizes = ", ".join(f"{b}: {summary['requests_by_batch_size'][b]}" for b in sorted(mix))
+        print(f"| {k} | {args.clients} | {got:.1f} | {sizes} | {expected:.1f} | "
+              f"{got / expected:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
