@@ -5,9 +5,13 @@
 `vbs serve` (its own process, the tables of ``vbs plan``, defaults otherwise) and one client
 sending one-sample ``.npy`` requests one after another (``service.loadtest``), as a new user
 of `make run` would. Per round: the medians of the breakdown the responses report (queue,
-compute input, compute infer, compute output), the server's own mean of the rest
+compute input, compute infer, compute output), the server's own median and mean of the rest
 (``vbs_server_overhead_seconds``: HTTP parsing, routing, handing over between threads), the
-client's latency, and the server's time outside the model (queue + input + output + the rest).
+client's latency, and the server's time outside the model (queue + input + output + the
+rest). Reading the body from the network, paced by the client, is reported apart
+(``vbs_receive_seconds``), as perf_analyzer separates it. Histogram medians are
+interpolated in the histogram's buckets (as Prometheus' histogram_quantile does); the share of
+requests whose rest took at most 1 ms is exact (a bucket bound).
 """
 
 from __future__ import annotations
@@ -33,6 +37,36 @@ def _metric(text: str, name: str) -> float:
     return 0.0
 
 
+def _buckets(text: str, model: str, metric: str = "vbs_server_overhead_seconds"
+             ) -> list[tuple[float, float]]:
+    """(upper bound, cumulative count) of a histogram's buckets for ``model``."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith(f"{metric}_bucket{{") and f'model="{model}"' in line:
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out.append((float(le), float(line.rsplit(" ", 1)[1])))
+    return out
+
+
+def _quantile(q: float, before: list[tuple[float, float]],
+              after: list[tuple[float, float]]) -> float:
+    """Prometheus' histogram_quantile over the requests between two scrapes (linear within a
+    bucket)."""
+    earlier = dict(before)
+    counts = [(le, cum - earlier.get(le, 0.0)) for le, cum in after]
+    total = counts[-1][1] if counts else 0.0
+    if not total:
+        return 0.0
+    rank, lower, below = q * total, 0.0, 0.0
+    for le, cum in counts:
+        if cum >= rank:
+            if le == float("inf"):
+                return lower
+            return lower + (le - lower) * (rank - below) / max(cum - below, 1e-12)
+        lower, below = le, cum
+    return lower
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="squeezenet1_0")
@@ -41,9 +75,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "vbs-serve"))
     args = ap.parse_args()
-    print("| round | client latency p50 (ms) | queue | input | infer | output | server rest "
-          "(mean) | server time outside the model (ms) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| round | client latency p50 (ms) | queue p50 | input p50 | infer p50 | output p50 | "
+          "server rest p50 (mean) | rest <= 1 ms | server time outside the model p50 (ms) | "
+          "receive p50 |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for k in range(1, args.rounds + 1):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -73,12 +108,19 @@ def main() -> None:
         name = f'vbs_server_overhead_seconds_{{}}{{{{model="{args.model}"}}}}'
         spent = _metric(after, name.format("sum")) - _metric(before, name.format("sum"))
         count = _metric(after, name.format("count")) - _metric(before, name.format("count"))
-        rest = spent / count if count else 0.0
+        mean = spent / count if count else 0.0
+        b0, b1 = _buckets(before, args.model), _buckets(after, args.model)
+        rest = _quantile(0.5, b0, b1)
+        under = dict(b1).get(1e-3, 0.0) - dict(b0).get(1e-3, 0.0)
+        receive = _quantile(0.5, _buckets(before, args.model, "vbs_receive_seconds"),
+                            _buckets(after, args.model, "vbs_receive_seconds"))
         p = summary["breakdown_p50_s"]
         outside = p["queue"] + p["input"] + p["output"] + rest
         ms = [1e3 * v for v in (summary["latency_p50_s"], p["queue"], p["input"], p["infer"],
-                                p["output"], rest, outside)]
-        print(f"| {k} | " + " | ".join(f"{v:.2f}" for v in ms) + " |", flush=True)
+                                p["output"])]
+        print(f"| {k} | " + " | ".join(f"{v:.2f}" for v in ms)
+              + f" | {1e3 * rest:.2f} ({1e3 * mean:.2f}) | {100 * under / max(count, 1):.0f}% | "
+              f"{1e3 * outside:.2f} | {1e3 * receive:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

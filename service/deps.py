@@ -9,6 +9,7 @@ and /plan when ``api_key`` is set.
 from __future__ import annotations
 
 import secrets
+import time
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -59,7 +60,13 @@ ApiKey = Depends(require_api_key)
 
 
 async def read_body(request: Request, settings: SettingsDep) -> bytes:
-    """The whole body, refusing (413) one longer than ``max_body_bytes`` before reading it all."""
+    """The whole body, refusing (413) one longer than ``max_body_bytes`` before reading it all.
+
+    The time it takes is the network's (paced by the client): it is recorded in
+    ``request.state.vbs_receive_s`` so the metrics middleware counts it apart from the
+    server's own overhead, as Triton's perf_analyzer separates send/receive from overhead.
+    """
+    started = time.perf_counter()
     limit = settings.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None:
@@ -79,6 +86,7 @@ async def read_body(request: Request, settings: SettingsDep) -> bytes:
             chunks.append(chunk)
     except ClientDisconnect as exc:
         raise RequestError("body: the client went away before sending all of it") from exc
+    request.state.vbs_receive_s = time.perf_counter() - started
     return b"".join(chunks)
 
 

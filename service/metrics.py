@@ -76,10 +76,14 @@ class Metrics:
         self.output_time = Histogram("vbs_compute_output_seconds", "per request: its outputs to "
                                      "the host and encoded", ["model"], buckets=FINE_BUCKETS,
                                      registry=r)
+        self.receive_time = Histogram("vbs_receive_seconds", "per inference request: reading "
+                                      "its body from the network (paced by the client)",
+                                      ["model"], buckets=FINE_BUCKETS, registry=r)
         self.overhead_time = Histogram("vbs_server_overhead_seconds", "per inference request: "
-                                       "the server's time that is none of queue, input, infer "
-                                       "and output (HTTP, routing, handing over between "
-                                       "threads)", ["model"], buckets=FINE_BUCKETS, registry=r)
+                                       "the server's time that is none of receive, queue, "
+                                       "input, infer and output (HTTP parsing, routing, handing "
+                                       "over between threads, sending the response)", ["model"],
+                                       buckets=FINE_BUCKETS, registry=r)
         self.run_time = Histogram("vbs_batch_run_seconds", "time a batch ran on the worker",
                                   ["model"], buckets=LATENCY_BUCKETS, registry=r)
         self.batch_size = Histogram("vbs_batch_size", "samples per batch run", ["model"],
@@ -162,5 +166,8 @@ class RequestMetricsMiddleware:
             self.metrics.latency.labels(model, endpoint).observe(elapsed)
             timing = state.get("vbs_timing")  # an inference answered: what the rest cost
             if timing is not None:
-                spent = timing.queue_s + timing.input_s + timing.infer_s + timing.output_s
+                receive = float(state.get("vbs_receive_s") or 0.0)
+                spent = (receive + timing.queue_s + timing.input_s + timing.infer_s
+                         + timing.output_s)
+                self.metrics.receive_time.labels(model).observe(receive)
                 self.metrics.overhead_time.labels(model).observe(max(0.0, elapsed - spent))

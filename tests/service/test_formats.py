@@ -268,8 +268,9 @@ def test_metrics_count_requests_batches_and_memory(client: httpx.Client) -> None
     assert value('vbs_plan_peak_bytes{model="tiny"}') > 0
     assert value('vbs_plan_choice_seconds_count{model="tiny"}') >= 1
     requests = value('vbs_queue_time_seconds_count{model="tiny"}')
-    for part in ("compute_input", "compute_infer", "compute_output", "server_overhead"):
+    for part in ("receive", "compute_input", "compute_infer", "compute_output", "server_overhead"):
         assert value(f'vbs_{part}_seconds_count{{model="tiny"}}') == requests, part
+    assert value('vbs_receive_seconds_sum{model="tiny"}') > 0  # the bodies were read and timed
     assert value('vbs_model_ready{model="tiny"}') == 1
     assert value("vbs_store_errors_total") == 0
     for name in ("vbs_oom_retries_total", "vbs_table_reloads_total"):
