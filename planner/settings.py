@@ -183,6 +183,14 @@ class Settings(BaseSettings):
     def _sizes(cls, value: Any, info: Any) -> Any:
         return _size(value, info.field_name)
 
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _empty_api_key(cls, value: Any) -> Any:
+        # VBS_API_KEY="" (compose passes ${VBS_API_KEY:-}) means no key, not a short one
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
+
     @field_validator("api_key")
     @classmethod
     def _check_api_key(cls, value: SecretStr | None) -> SecretStr | None:
