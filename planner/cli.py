@@ -1,8 +1,9 @@
-"""The ``vbs`` command: one console script, one subcommand per job.
+"""The planner's subcommands of ``vbs`` (``graph``, ``profile``) and what every subcommand
+shares: the model flags, settings from flags, and ``run`` (errors as one line, exit code 2).
 
-Subcommands import torch only when they need it, so ``vbs solve`` starts fast. Every
-VbsError ends the command with one line saying what was wrong and what to do, and exit
-code 2; ``--debug`` shows the traceback instead.
+The ``vbs`` command itself is ``service.commands``, at the top of the import graph, where it
+can import every subcommand module directly. Subcommands import torch only when they need
+it, so ``vbs solve`` starts fast. ``--debug`` shows a traceback instead of the one line.
 """
 
 from __future__ import annotations
@@ -99,12 +100,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vbs", description=__doc__.splitlines()[0])
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def add_parser(sub: Any) -> None:
+    """The planner's own subcommands: ``graph`` and ``profile``."""
     p = sub.add_parser("graph", help="print the division tree of a model")
     add_model_args(p)
     p.add_argument("--json", action="store_true", help="the tree as JSON (vbs.profile/1 nodes, no times)")
@@ -120,28 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_profile)
 
-    for extra in _extra_commands():
-        extra(sub)
-    return parser
 
-
-def _extra_commands() -> list[Any]:
-    """Subcommands that live in their own modules (each exposes add_parser(sub))."""
-    import importlib
-
-    adders = []
-    for module in ("planner.cli_solve", "planner.cli_plan", "workers.bench", "service.cli"):
-        try:
-            adders.append(importlib.import_module(module).add_parser)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-    return adders
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """Run the parsed subcommand: a VbsError becomes one line on stderr and exit code 2."""
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -155,7 +133,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

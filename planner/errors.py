@@ -15,7 +15,8 @@ callers only ever catch these::
     │   └── InvalidProgramError     a program breaks the model of memory or its order
     ├── StoreError              the plan store cannot be reached or holds bad data
     │   ├── TableNotFoundError      no table is stored for a fingerprint
-    │   └── TableFormatError        a stored table is of an old schema or malformed
+    │   └── TableFormatError        stored data (a table, its meta, version or alias) is
+    │                               malformed or of an old schema: never retried
     └── ExecutionError          a plan failed while running on the device
         └── OutOfMemoryError        the device ran out of memory running a plan
 """
@@ -68,7 +69,8 @@ class TableNotFoundError(StoreError):
 
 
 class TableFormatError(StoreError):
-    """A stored plan table is of an old schema or malformed: re-plan it (retrying cannot help)."""
+    """Stored data (a plan table, its meta, its version counter, a model alias, a profile) is of
+    an old schema or malformed. The message names the key. Retrying cannot help: re-plan it."""
 
 
 class ExecutionError(VbsError):

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from planner.errors import TableFormatError, TableNotFoundError
+from planner.errors import ProfileError, TableFormatError, TableNotFoundError
 from planner.graph.capture import Capture, capture
 from planner.models import ModelSpec, apply_threads, load_model
 from planner.profiling.profiler import ProfileOptions, cached_profile, fingerprint
@@ -76,25 +76,40 @@ def strategies(solver: str) -> tuple[str, ...]:
     return (solver, *[s for s in COMPARED if s != solver])
 
 
-def read(store: PlanStore, fp: str, solvers: tuple[str, ...], objective: str
-         ) -> tuple[Profile, dict[str, PlanTable]] | None:
-    """The profile and every table of ``solvers`` from the store, or None when one is missing
-    or cannot be read (it is then planned again)."""
+def read(store: PlanStore, fp: str, solvers: tuple[str, ...], objective: str, *,
+         repair: bool = True) -> tuple[Profile, dict[str, PlanTable]] | None:
+    """The profile and every table of ``solvers`` from the store, or None when one is missing.
+
+    One that cannot be read (an old schema, a damaged blob, bad meta) is planned again when
+    ``repair`` (`vbs plan`: None is returned); else its TableFormatError, naming the key and
+    the problem, is raised (a service must not re-plan behind its operator's back)."""
     tables = {}
     for solver in solvers:
         tid = table_id(fp, solver, objective)
         try:
-            tables[solver] = PlanTable.from_bytes(store.get_table(tid).blob)
+            stored = store.get_table(tid)
+            tables[solver] = PlanTable.from_bytes(stored.blob,
+                                                  f"table {tid} in store {store.location}")
         except TableNotFoundError:
             return None
         except TableFormatError as exc:
+            if not repair:
+                raise
             log.warning("table %s in %s cannot be used, planning it again: %s", tid,
                         store.location, exc)
             return None
     raw_profile = store.get_profile(fp)
     if raw_profile is None:
         return None
-    return profile_from_json(json.loads(raw_profile)), tables
+    try:
+        return profile_from_json(json.loads(raw_profile)), tables
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ProfileError) as exc:
+        if not repair:
+            raise TableFormatError(f"profile {fp} in store {store.location} cannot be read "
+                                   f"({exc}): run `vbs plan --replan` to rewrite it") from exc
+        log.warning("profile %s in %s cannot be used, profiling again: %s", fp, store.location,
+                    exc)
+        return None
 
 
 def publish(store: PlanStore, spec: ModelSpec, profile: Profile, tables: dict[str, PlanTable],
@@ -115,15 +130,17 @@ def publish(store: PlanStore, spec: ModelSpec, profile: Profile, tables: dict[st
 
 def prepare(spec: ModelSpec, settings: Settings, store: PlanStore, *, batch_max: int | None = None,
             solver: str = "vbs", objective: str = "time", grid: bool | None = None,
-            replan: bool = False, progress: bool = True) -> Prepared:
-    """Capture a model and get its tables: from the store, or profiled, solved and published."""
+            replan: bool = False, repair: bool = True, progress: bool = True) -> Prepared:
+    """Capture a model and get its tables: from the store, or profiled, solved and published.
+
+    ``repair``: a stored table that cannot be read is planned again (else TableFormatError)."""
     apply_threads(settings.threads)
     cap = capture(load_model(spec))
     options = options_from(settings, batch_max, grid)
     fp = fingerprint(cap, options)
     wanted = strategies(solver)
     if not replan:
-        found = read(store, fp, wanted, objective)
+        found = read(store, fp, wanted, objective, repair=repair)
         if found is not None:
             log.info("%s: tables of %s read from the store", spec.name, fp)
             return Prepared(cap, found[0], found[1], solver, published=False)

@@ -116,6 +116,11 @@ class Settings(BaseSettings):
                                      description="queue + run time after which a request gets 504")
     max_body_bytes: int = Field(default=64 * 2**20, ge=1024, le=2**34,
                                 description="largest request body (bytes or 64MB); larger gets 413")
+    max_json_bytes: int = Field(
+        default=16 * 2**20, ge=1024, le=2**34,
+        description="largest JSON request body (bytes or 16MB); larger gets 413 before it is "
+                    "parsed (64 MB of JSON numbers is about half a gigabyte of Python floats): "
+                    "send large inputs as .npy, raw bytes or OIP v2 binary tensors")
     max_samples_per_request: int = Field(default=256, ge=1, le=100_000,
                                          description="most samples in one request; more gets 413")
     max_image_pixels: int = Field(default=40_000_000, ge=1, le=2**31,
@@ -172,10 +177,19 @@ class Settings(BaseSettings):
             out.append(entry.strip())
         return out
 
-    @field_validator("max_body_bytes", "memory_limit_bytes", "memory_margin_bytes", mode="before")
+    @field_validator("max_body_bytes", "max_json_bytes", "memory_limit_bytes",
+                     "memory_margin_bytes", mode="before")
     @classmethod
     def _sizes(cls, value: Any, info: Any) -> Any:
         return _size(value, info.field_name)
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _empty_api_key(cls, value: Any) -> Any:
+        # VBS_API_KEY="" (compose passes ${VBS_API_KEY:-}) means no key, not a short one
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
 
     @field_validator("api_key")
     @classmethod

@@ -97,6 +97,7 @@ class _Pending:
     submitted: float
     decode_s: float
     encode: Encoder | None
+    counted: bool = True  # in ``Batcher.waiting``: until taken for a batch or given up on
 
     @property
     def n(self) -> int:
@@ -201,7 +202,11 @@ class Batcher:
         self._waiting += 1
         self._m.queue_depth.set(self._waiting)
         self._queue.put_nowait(pending)
-        return await pending.future
+        try:
+            return await pending.future
+        except asyncio.CancelledError:  # timed out or the client went: no ghost in the count
+            self._uncount(pending)
+            raise
 
     # ------------------------------------------------------------------ the loop
 
@@ -213,10 +218,16 @@ class Batcher:
             if batch:
                 await self._run(batch)
 
+    def _uncount(self, item: _Pending) -> None:
+        """Count ``item`` out of ``waiting``, once (taken for a batch, or given up on)."""
+        if item.counted:
+            item.counted = False
+            self._waiting -= 1
+            self._m.queue_depth.set(self._waiting)
+
     def _taken(self, item: _Pending) -> bool:
         """Count ``item`` out of the queue; False when its request has gone (timed out)."""
-        self._waiting -= 1
-        self._m.queue_depth.set(self._waiting)
+        self._uncount(item)
         return not item.future.done()
 
     async def _gather(self, stopping: bool) -> tuple[list[_Pending], bool]:

@@ -2,8 +2,8 @@
 
 ``SettingsDep``, ``RegistryDep``, ``MetricsDep`` read what ``create_app`` put in
 ``app.state`` (tests may replace them with ``app.dependency_overrides``); ``BodyDep`` reads
-the request body up to ``max_body_bytes`` (413 beyond); ``require_api_key`` guards inference
-and /plan when ``api_key`` is set.
+the request body up to ``max_body_bytes``, or ``max_json_bytes`` for JSON (413 beyond, before
+anything is parsed); ``require_api_key`` guards inference and /plan when ``api_key`` is set.
 """
 
 from __future__ import annotations
@@ -59,35 +59,55 @@ async def require_api_key(
 ApiKey = Depends(require_api_key)
 
 
+BINARY_FORMATS = "application/x-npy, application/octet-stream or OIP v2 binary tensors " \
+                 "(Inference-Header-Content-Length)"
+
+
+def is_json(request: Request) -> bool:
+    """A JSON body (parsed whole into Python objects), not binary tensors behind a JSON header."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    json_kind = kind in ("", "application/json", "text/json") or kind.endswith("+json")
+    return json_kind and "inference-header-content-length" not in request.headers
+
+
 async def read_body(request: Request, settings: SettingsDep) -> bytes:
-    """The whole body, refusing (413) one longer than ``max_body_bytes`` before reading it all.
+    """The whole body, refusing (413) one longer than its limit before reading it all: JSON
+    has its own, smaller limit (``max_json_bytes``), since it is parsed into Python objects.
 
     The time it takes is the network's (paced by the client): it is recorded in
     ``request.state.vbs_receive_s`` so the metrics middleware counts it apart from the
     server's own overhead, as Triton's perf_analyzer separates send/receive from overhead.
     """
     started = time.perf_counter()
-    limit = settings.max_body_bytes
+    if is_json(request) and settings.max_json_bytes < settings.max_body_bytes:
+        limit, name = settings.max_json_bytes, "max_json_bytes"
+        advice = f"send large inputs as {BINARY_FORMATS}, up to max_body_bytes"
+        what = "bytes of JSON"
+    else:
+        limit, name, advice, what = settings.max_body_bytes, "max_body_bytes", \
+            "send fewer samples", "bytes"
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.strip().isdigit():
             raise RequestError(f"header Content-Length: {declared!r} is not a number of bytes")
         if int(declared) > limit:
-            raise PayloadTooLargeError(f"body: {int(declared)} bytes are more than the "
-                                       f"{limit} allowed (max_body_bytes); send fewer samples")
+            raise PayloadTooLargeError(f"body: {int(declared)} {what} are more than the {limit} "
+                                       f"allowed ({name}); {advice}")
     chunks: list[bytes] = []
     size = 0
     try:
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
-                raise PayloadTooLargeError(f"body: more than the {limit} bytes allowed "
-                                           "(max_body_bytes); send fewer samples")
+                raise PayloadTooLargeError(f"body: more than the {limit} {what} allowed "
+                                           f"({name}); {advice}")
             chunks.append(chunk)
     except ClientDisconnect as exc:
         raise RequestError("body: the client went away before sending all of it") from exc
+    body = b"".join(chunks)
+    request._body = body  # noqa: SLF001 - Starlette's cache: request.form() reads it from here
     request.state.vbs_receive_s = time.perf_counter() - started
-    return b"".join(chunks)
+    return body
 
 
 BodyDep = Annotated[bytes, Depends(read_body)]

@@ -1,8 +1,9 @@
 """The models a service serves, their plan tables, and keeping those tables current.
 
 At start, each model is prepared (``planner.pipeline.prepare``: its table read from the store
-by the profile's fingerprint, or profiled, solved and published), one after another, with a
-progress log; a worker and a batcher are built for it.
+by the profile's fingerprint, or profiled, solved and published), all at once (on the CPU
+their torch work queues on the one torch thread), with a progress log; a worker and a batcher
+are built for it. One model that waits for the store or fails does not hold the others back.
 
 Torch threads. PyTorch's CPU kernels parallelise with OpenMP (libgomp), and every thread that
 starts a parallel region gets an OpenMP team of its own; once a process holds more OpenMP
@@ -13,8 +14,9 @@ one thread and run on another. So on the CPU one thread runs all the process's t
 preparing every model and every batch of every model (image preprocessing is torch-free). On
 CUDA each model has its own thread (its kernels run on the device, so models overlap there). The service is ready when every
 model is. A plan store that cannot be reached at start is retried with backoff (counted in
-``vbs_store_errors``); a model that cannot be loaded (bad name, untraceable) is marked failed
-with the reason, shown by the readiness endpoints.
+``vbs_store_errors``); a model that cannot be loaded (bad name, untraceable) or whose stored
+table, meta or profile is malformed (``TableFormatError``: retrying cannot help) is marked
+failed with the reason, naming the key, shown by the readiness endpoints.
 
 Then a background task watches the store (``AsyncPlanStore.watch``). When the planner
 announces a new version of the table a model serves (its table id: the profile's
@@ -23,7 +25,9 @@ compared with it (for /plan) are read and swapped in (``worker.table = ...``); l
 use them, a batch already running keeps the table it started with. When the store goes
 away, serving goes on from the tables in memory: the error is logged and counted, the watch
 reconnects with backoff, and on reconnecting re-reads each table's version (announcements
-made while it was away are not replayed).
+made while it was away are not replayed). A new version that cannot be used (malformed blob
+or meta) is logged and counted, the model keeps its table, and that version is not read
+again; one model's bad table never stops the watch serving the others' reloads.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.errors import StoreError, UsageError, VbsError
+from planner.errors import StoreError, TableFormatError, UsageError, VbsError
 from planner.models import ModelSpec
 from planner.settings import Settings
 from planner.solver.table import PlanTable
@@ -158,6 +162,7 @@ class Registry:
         self._cpu_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vbs-torch")
         self._executors: dict[str, ThreadPoolExecutor] = {}  # model -> its torch thread
         self._store: PlanStore | None = None
+        self._store_lock = threading.Lock()
         self._astore: AsyncPlanStore | None = None
         self._load_task: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
@@ -265,8 +270,8 @@ class Registry:
     async def _load_all(self) -> None:
         try:
             total = len(self.entries)
-            for i, entry in enumerate(self.entries.values(), 1):
-                await self._load(entry, i, total)
+            await asyncio.gather(*(self._load(entry, i, total)
+                                   for i, entry in enumerate(self.entries.values(), 1)))
         finally:
             self._loaded.set()
         if self.ready:
@@ -294,6 +299,10 @@ class Registry:
             heartbeat = asyncio.create_task(self._heartbeat(entry, started))
             try:
                 await loop.run_in_executor(executor, self._prepare, entry)
+            except TableFormatError as exc:  # bad data: retrying cannot help
+                self.metrics.store_errors.inc()
+                self._failed(entry, str(exc))
+                return
             except StoreError as exc:
                 self.metrics.store_errors.inc()
                 delay = self.backoff.delay(attempt, self._rng.random())
@@ -341,9 +350,10 @@ class Registry:
         log.error("%s: cannot be served: %s", entry.name, entry.error)
 
     def _sync_store(self) -> PlanStore:
-        if self._store is None:
-            self._store = open_store(self.settings.store_location)
-        return self._store
+        with self._store_lock:  # models on CUDA prepare on threads of their own
+            if self._store is None:
+                self._store = open_store(self.settings.store_location)
+            return self._store
 
     def _prepare(self, entry: ModelEntry) -> None:
         """Capture, table (from the store or solved), worker, labels, preprocessing (a thread)."""
@@ -354,7 +364,7 @@ class Registry:
         store = self._sync_store()
         s = self.settings
         prepared = prepare(entry.spec, s, store, batch_max=s.batch_max, solver=s.solver,
-                           objective=s.objective, progress=False)
+                           objective=s.objective, repair=False, progress=False)
         version = store.table_version(prepared.table_id)
         probe = MemoryProbe(device=s.device, limit=s.memory_limit_bytes,
                             margin=s.memory_margin_bytes)
@@ -396,7 +406,11 @@ class Registry:
                     async for announcement in announcements:
                         for entry in self._serving(announcement.fingerprint):
                             await self._reload(self._astore, entry, announcement.version)
-            except StoreError as exc:
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the watch must outlive any one failure
+                if not isinstance(exc, StoreError):
+                    log.exception("plan store watch failed unexpectedly")
                 self._set_store_up(False)
                 self.metrics.store_errors.inc()
                 delay = self.backoff.delay(attempt, self._rng.random())
@@ -410,19 +424,34 @@ class Registry:
 
     async def _catch_up(self, store: AsyncPlanStore) -> None:
         for entry in [e for e in self.entries.values() if e.ready]:
-            version = await store.table_version(entry.table_id)
+            try:
+                version = await store.table_version(entry.table_id)
+            except TableFormatError as exc:  # this model's counter: the others go on
+                self.metrics.store_errors.inc()
+                log.error("%s: keeping table v%s: %s", entry.name, entry.table_version, exc)
+                continue
             if version is not None:
                 await self._reload(store, entry, version)
 
     async def _reload(self, store: AsyncPlanStore, entry: ModelEntry, version: int) -> None:
+        """Swap in version ``version`` (or a later one) of ``entry``'s table if it is usable;
+        else keep serving the one in memory. Only a store that is down raises (StoreError)."""
         seen = max(entry.table_version or 0, self._unusable.get(entry.name, 0))
         if version <= seen:
             return
-        stored = await store.get_table(entry.table_id)
+        where = f"table {entry.table_id} in store {store.location}"
+        try:
+            stored = await store.get_table(entry.table_id)
+        except TableFormatError as exc:  # bad meta: this version is skipped, not retried
+            self.metrics.store_errors.inc()
+            log.error("%s: table v%d cannot be used, keeping v%s: %s", entry.name, version,
+                      entry.table_version, exc)
+            self._unusable[entry.name] = version
+            return
         if stored.version <= seen:
             return
         try:
-            table = await asyncio.to_thread(PlanTable.from_bytes, stored.blob)
+            table = await asyncio.to_thread(PlanTable.from_bytes, stored.blob, where)
             if (table.fingerprint, table.solver, table.objective) != (
                     entry.fingerprint, self.settings.solver, self.settings.objective):
                 raise UsageError(f"the table under {entry.table_id} holds {table.solver!r} plans "
@@ -432,15 +461,17 @@ class Registry:
                 if solver == table.solver:
                     continue
                 try:
-                    other = await store.get_table(table_id(entry.fingerprint, solver, table.objective))
-                    tables[solver] = await asyncio.to_thread(PlanTable.from_bytes, other.blob)
+                    tid = table_id(entry.fingerprint, solver, table.objective)
+                    other = await store.get_table(tid)
+                    tables[solver] = await asyncio.to_thread(
+                        PlanTable.from_bytes, other.blob, f"table {tid} in store {store.location}")
                 except StoreError as exc:
                     log.warning("%s: keeping the %s table in memory: %s", entry.name, solver, exc)
                     tables[solver] = entry.tables[solver]
-        except (StoreError, UsageError) as exc:
+        except Exception as exc:  # noqa: BLE001 - malformed or mismatched: keep serving the old
             self.metrics.store_errors.inc()
             log.error("%s: table v%d cannot be used, keeping v%s: %s", entry.name, stored.version,
-                      entry.table_version, exc)
+                      entry.table_version, exc, exc_info=not isinstance(exc, VbsError))
             self._unusable[entry.name] = stored.version  # not read again until a newer one
             return
         entry.worker.table = table

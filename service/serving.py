@@ -23,7 +23,9 @@ import numpy as np
 import orjson
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers, UploadFile
-from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
+from starlette.requests import Request
 from starlette.responses import Response
 
 from planner.settings import Settings
@@ -100,10 +102,12 @@ def _check_top_k(entry: ModelEntry, k: int | None) -> int | None:
     return k
 
 
-async def decode_infer(headers: Headers, body: bytes, registry: Registry, settings: Settings,
-                       state: Any, *, model: str | None, top_k: int | None,
+async def decode_infer(request: Request, body: bytes, registry: Registry, settings: Settings,
+                       *, model: str | None, top_k: int | None,
                        shape: str | None, dtype: str | None) -> Decoded:
-    """A ``POST /infer`` request as samples of the model it names (see ``service.codecs``)."""
+    """A ``POST /infer`` request (its ``body`` read already) as samples of the model it names
+    (see ``service.codecs``)."""
+    headers, state = request.headers, request.state
     kind = media_type(headers) or "application/json"
     limit = settings.max_samples_per_request
     top_k = codecs.parse_top_k(top_k)
@@ -127,7 +131,7 @@ async def decode_infer(headers: Headers, body: bytes, registry: Registry, settin
         return Decoded(entry, x, k, decode_s=spent)
     if kind in IMAGE_TYPES or kind == MULTIPART:
         if kind == MULTIPART:
-            parts, fields = await _multipart(headers, body, limit)
+            parts, fields = await _multipart(request, limit)
         else:
             parts, fields = [codecs.ImagePart("body", body)], {}
         entry = named(_pick_model(model, fields.get("model")))
@@ -164,17 +168,16 @@ def _decode_json(body: bytes, named: Callable[[str | None], ModelEntry], model: 
     return Decoded(entry, x, k, decode_s=time.perf_counter() - t0)
 
 
-async def _multipart(headers: Headers, body: bytes, max_samples: int
+async def _multipart(request: Request, max_samples: int
                      ) -> tuple[list[codecs.ImagePart], dict[str, str]]:
-    async def stream() -> Any:
-        yield body
-
-    parser = MultiPartParser(headers, stream(), max_files=max_samples + 1, max_fields=16,
-                             max_part_size=64 * 1024)
+    """The image files and fields of a multipart body, parsed by Starlette's own form parser
+    (bounded: files, fields and the size of a field), file data spooled off the event loop."""
     try:
-        form = await parser.parse()
-    except MultiPartException as exc:
-        raise field_error("body", f"malformed multipart/form-data ({exc.message})") from exc
+        form = await request.form(max_files=max_samples + 1, max_fields=16,
+                                  max_part_size=64 * 1024)
+    except (HTTPException, MultiPartException) as exc:
+        detail = exc.detail if isinstance(exc, HTTPException) else exc.message
+        raise field_error("body", f"malformed multipart/form-data ({detail})") from exc
     try:
         parts: list[codecs.ImagePart] = []
         fields: dict[str, str] = {}

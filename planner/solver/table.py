@@ -221,16 +221,30 @@ class PlanTable:
         return zlib.compress(text.encode(), 6)
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> PlanTable:
-        """A table from its bytes; TableFormatError (saying what is wrong) for anything else."""
+    def from_bytes(cls, data: bytes, where: str | None = None, *,
+                   max_bytes: int | None = None) -> PlanTable:
+        """A table from its bytes; TableFormatError (saying what is wrong, and ``where``: the
+        key or file the bytes came from) for anything else, a table that decompresses to more
+        than ``max_bytes`` (default ``MAX_TABLE_BYTES``) included: it is not inflated past that."""
+        max_bytes = MAX_TABLE_BYTES if max_bytes is None else max_bytes
+        if where is None:
+            return cls._from_bytes(data, max_bytes)
+        try:
+            return cls._from_bytes(data, max_bytes)
+        except TableFormatError as exc:
+            raise TableFormatError(f"{where}: {exc}") from exc
+
+    @classmethod
+    def _from_bytes(cls, data: bytes, max_bytes: int) -> PlanTable:
         try:
             inflate = zlib.decompressobj()
-            text = inflate.decompress(data, MAX_TABLE_BYTES)
-            if inflate.unconsumed_tail:
-                raise TableFormatError(f"plan table decompresses to more than {MAX_TABLE_BYTES} bytes: "
-                                 "refused; rebuild it with `vbs plan`")
+            text = inflate.decompress(data, max_bytes)
+            if inflate.unconsumed_tail or (len(text) >= max_bytes and not inflate.eof):
+                raise TableFormatError(f"plan table decompresses to more than {max_bytes} bytes: "
+                                       "refused; rebuild it with `vbs plan`")
             raw = json.loads(text)
-        except (zlib.error, UnicodeDecodeError, json.JSONDecodeError, TypeError) as exc:
+        except (zlib.error, UnicodeDecodeError, json.JSONDecodeError, TypeError,
+                RecursionError) as exc:
             raise TableFormatError(f"plan table bytes cannot be read ({exc}): rebuild it with "
                              "`vbs plan`") from exc
         return cls.from_json(raw)

@@ -3,10 +3,10 @@
 ``open_store(location)`` (sync, for `vbs plan`) and ``open_async_store(location)`` (async,
 for workers and the HTTP service) take ``Settings.store_location``: a redis://, rediss:// or
 unix:// URL, or a directory. See ``base`` for the interface, ``keys`` for the key scheme,
-``backoff`` for reconnecting to a store that is down.
+``backoff`` for the delays between reconnects to a store that is down.
 """
 
-from planner.store.backoff import Backoff, retry, retry_async
+from planner.store.backoff import Backoff
 from planner.store.base import (AsyncPlanStore, PlanStore, StoredTable, TableAnnouncement,
                                 TableInfo, TableWatch)
 from planner.store.factory import open_async_store, open_store
@@ -17,7 +17,7 @@ __all__ = [
     "CHANNEL", "NAMESPACE", "AsyncLocalStore", "AsyncPlanStore", "AsyncRedisStore", "Backoff",
     "LocalStore", "PlanStore", "RedisStore", "StoredTable", "TableAnnouncement", "TableInfo",
     "TableWatch",
-    "open_async_store", "open_store", "retry", "retry_async",
+    "open_async_store", "open_store",
 ]
 
 

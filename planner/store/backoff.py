@@ -1,24 +1,19 @@
-"""Retry with exponential backoff and jitter, for callers of a store that may be down.
+"""Exponential backoff with jitter, for the service's reconnects to a store that may be down.
 
-The HTTP service keeps serving its last table while Redis is away and reconnects in the
-background; ``retry_async`` is that loop. The delays come from ``Backoff.delay``, a pure
-function of the attempt number and a uniform random number, so they are tested exactly;
-jitter spreads the reconnects of many workers so they do not hit a restarted Redis at once.
+The HTTP service keeps serving its last table while the store is away and reconnects in the
+background (``service.registry``: its loading and watch loops sleep ``Backoff.delay``). The
+delay is a pure function of the attempt number and a uniform random number, so it is tested
+exactly; jitter spreads the reconnects of many workers so they do not hit a restarted Redis
+at once. Single Redis commands are retried by redis-py's own ``Retry`` (``redis_backend``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import random
-import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TypeVar
 
-from planner.errors import StoreError, UsageError
-
-T = TypeVar("T")
-RetryHook = Callable[[int, BaseException, float], None]
+from planner.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -62,50 +57,3 @@ class Backoff:
         while attempts is None or attempt < attempts:
             yield self.delay(attempt, rng.random())
             attempt += 1
-
-
-async def retry_async(operation: Callable[[], Awaitable[T]], *, backoff: Backoff = Backoff(),
-                      attempts: int | None = None,
-                      retry_on: tuple[type[BaseException], ...] = (StoreError,),
-                      rng: random.Random | None = None,
-                      sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
-                      on_retry: RetryHook | None = None) -> T:
-    """Await ``operation()`` until it succeeds; retry on ``retry_on`` errors after a backoff delay.
-
-    ``attempts`` counts every call, the first included (None: retry forever); when they are
-    spent the last error is raised. ``on_retry(attempt, error, delay)`` is called before
-    each wait (to log it).
-    """
-    delays = backoff.delays(rng=rng)
-    attempt = 0
-    while True:
-        try:
-            return await operation()
-        except retry_on as exc:
-            attempt += 1
-            if attempts is not None and attempt >= attempts:
-                raise
-            wait = next(delays)
-            if on_retry is not None:
-                on_retry(attempt, exc, wait)
-            await sleep(wait)
-
-
-def retry(operation: Callable[[], T], *, backoff: Backoff = Backoff(), attempts: int | None = 5,
-          retry_on: tuple[type[BaseException], ...] = (StoreError,),
-          rng: random.Random | None = None, sleep: Callable[[float], object] = time.sleep,
-          on_retry: RetryHook | None = None) -> T:
-    """The synchronous twin of ``retry_async`` (for the CLI); five attempts by default."""
-    delays = backoff.delays(rng=rng)
-    attempt = 0
-    while True:
-        try:
-            return operation()
-        except retry_on as exc:
-            attempt += 1
-            if attempts is not None and attempt >= attempts:
-                raise
-            wait = next(delays)
-            if on_retry is not None:
-                on_retry(attempt, exc, wait)
-            sleep(wait)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from planner.errors import StoreError
+from planner.errors import StoreError, TableFormatError
 from planner.store.base import TableAnnouncement
 
 
@@ -31,15 +31,18 @@ def encode_meta(meta: Mapping[str, Any], version: int) -> bytes:
 
 
 def decode_meta(data: bytes, where: str) -> dict[str, Any]:
-    """Parse stored meta; ``where`` names the key or file for the error message."""
+    """Parse stored meta; ``where`` names the key or file for the error message.
+
+    Bad meta is TableFormatError (not a store that is down): nothing retries it."""
     try:
         record = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise StoreError(f"table meta at {where} is not JSON ({exc}): run `vbs plan` again "
-                         "to rewrite the table") from exc
-    if not isinstance(record, dict) or not isinstance(record.get("version"), int):
-        raise StoreError(f"table meta at {where} has no integer 'version': run `vbs plan` again "
-                         "to rewrite the table")
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise TableFormatError(f"table meta at {where} is not JSON ({exc}): run `vbs plan "
+                               "--replan` to rewrite the table") from exc
+    version = record.get("version") if isinstance(record, dict) else None
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise TableFormatError(f"table meta at {where} has no 'version' >= 1: run `vbs plan "
+                               "--replan` to rewrite the table")
     return record
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from planner.errors import StoreError
+from planner.errors import StoreError, TableFormatError
 from planner.store.base import (AsyncPlanStore, PlanStore, StoredTable, TableAnnouncement,
                                 TableInfo, TableWatch, table_not_found)
 from planner.store.codec import (announced_model, decode_announcement, decode_meta,
@@ -131,7 +131,8 @@ class LocalStore(PlanStore):
             raise StoreError(f"cannot read {path}: {exc.strerror or exc}; check the plan store's "
                              "permissions (--store or VBS_STORE)") from exc
         if magic != MAGIC or not line.endswith(b"\n"):
-            raise StoreError(f"{path} is not a vbs table file: delete it and run `vbs plan` again")
+            raise TableFormatError(f"{path} is not a vbs table file: delete it and run "
+                                   "`vbs plan` again")
         return decode_meta(line[:-1], str(path))
 
     @contextmanager
@@ -192,7 +193,8 @@ class LocalStore(PlanStore):
             raise table_not_found(fingerprint, self.location, self._missing_why())
         end = data.find(b"\n", len(MAGIC))
         if not data.startswith(MAGIC) or end < 0:
-            raise StoreError(f"{path} is not a vbs table file: delete it and run `vbs plan` again")
+            raise TableFormatError(f"{path} is not a vbs table file: delete it and run "
+                                   "`vbs plan` again")
         meta = decode_meta(data[len(MAGIC):end], str(path))
         return StoredTable(fingerprint=fingerprint, blob=data[end + 1:], meta=meta,
                            version=meta["version"])
@@ -226,8 +228,8 @@ class LocalStore(PlanStore):
         try:
             return check_fingerprint(data.decode().strip())
         except (UnicodeDecodeError, StoreError) as exc:
-            raise StoreError(f"{path} does not hold a fingerprint: delete it and run `vbs plan` "
-                             "again") from exc
+            raise TableFormatError(f"{path} does not hold a fingerprint: delete it and run "
+                                   "`vbs plan` again") from exc
 
     def list_tables(self) -> list[TableInfo]:
         try:

@@ -27,7 +27,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import AuthenticationError, AuthorizationError, RedisError
 from redis.retry import Retry
 
-from planner.errors import StoreError
+from planner.errors import StoreError, TableFormatError
 from planner.store import keys
 from planner.store.base import (AsyncPlanStore, PlanStore, StoredTable, TableAnnouncement,
                                 TableInfo, TableWatch, table_not_found)
@@ -79,8 +79,8 @@ def _fingerprint_from(data: bytes | None, where: str, location: str) -> str | No
     try:
         return check_fingerprint(data.decode())
     except (UnicodeDecodeError, StoreError) as exc:
-        raise StoreError(f"{where} in redis at {location} does not hold a fingerprint: set it "
-                         "again with `vbs plan`") from exc
+        raise TableFormatError(f"{where} in redis at {location} does not hold a fingerprint: "
+                               "set it again with `vbs plan`") from exc
 
 
 def _stored_table(fingerprint: str, blob: bytes | None, meta: bytes | None,
@@ -88,8 +88,8 @@ def _stored_table(fingerprint: str, blob: bytes | None, meta: bytes | None,
     if blob is None:
         raise table_not_found(fingerprint, location)
     if meta is None:
-        raise StoreError(f"table {fingerprint} in redis at {location} has no meta: run `vbs plan` "
-                         "again to rewrite it")
+        raise TableFormatError(f"{keys.meta_key(fingerprint)} in redis at {location} is "
+                               "missing beside its table: run `vbs plan --replan` to rewrite it")
     record = decode_meta(meta, f"{keys.meta_key(fingerprint)} in redis at {location}")
     return StoredTable(fingerprint=fingerprint, blob=bytes(blob), meta=record,
                        version=record["version"])
@@ -101,8 +101,8 @@ def _version_from(data: bytes | None, fingerprint: str, location: str) -> int | 
     try:
         return int(data)
     except ValueError as exc:
-        raise StoreError(f"{keys.version_key(fingerprint)} in redis at {location} is not an "
-                         "integer: run `vbs plan` again to rewrite the table") from exc
+        raise TableFormatError(f"{keys.version_key(fingerprint)} in redis at {location} is not "
+                               "an integer: run `vbs plan --replan` to rewrite the table") from exc
 
 
 class RedisStore(PlanStore):

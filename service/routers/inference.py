@@ -58,7 +58,7 @@ async def post_infer(
         dtype: Annotated[str | None, Query(description="octet-stream: the values' dtype")] = None,
 ) -> Response:
     request.state.vbs_endpoint = "infer"
-    decoded = await serving.decode_infer(request.headers, body, registry, settings, request.state,
+    decoded = await serving.decode_infer(request, body, registry, settings,
                                          model=model, top_k=top_k, shape=shape, dtype=dtype)
     outcome = await serving.run(decoded, settings, request.state)
     return serving.infer_response(decoded, outcome)

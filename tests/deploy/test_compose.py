@@ -45,10 +45,16 @@ def test_redis_is_pinned_password_protected_persistent_and_checked(compose: dict
     redis = compose["services"]["redis"]
     image = redis["image"]
     assert image.startswith("redis:7.") and "alpine" in image and not image.endswith(":latest"), image
-    assert "--requirepass ${REDIS_PASSWORD:?" in command_text(redis), \
+    assert redis["environment"]["REDIS_PASSWORD"].startswith("${REDIS_PASSWORD:?"), \
         "redis must refuse to start without REDIS_PASSWORD"
+    command = command_text(redis)
+    # the password goes to redis-server as a config line on stdin, never on a command line
+    assert "--requirepass" not in command and "${REDIS_PASSWORD" not in command
+    assert "redis-server - " in command and 'requirepass "$$REDIS_PASSWORD"' in command
+    assert redis["user"] == "999:1000", "run as the image's redis user, not root"
     check = healthcheck_text(redis)
-    assert "redis-cli" in check and " -a " in check and "ping" in check
+    assert "redis-cli" in check and "ping" in check
+    assert "REDISCLI_AUTH=" in check and " -a " not in check, "no password on redis-cli's command line"
     volumes = [v.split(":")[0] if isinstance(v, str) else v["source"] for v in redis["volumes"]]
     assert any(v in (compose.get("volumes") or {}) for v in volumes), "redis data is not on a named volume"
     assert "ports" not in redis, "redis is for planner and worker only; publish no host port"
@@ -66,7 +72,9 @@ def test_worker_serves_after_the_planner_succeeded(compose: dict[str, Any]) -> N
     assert command_text(worker).startswith("vbs serve")
     assert worker["depends_on"]["redis"]["condition"] == "service_healthy"
     assert worker["depends_on"]["planner"]["condition"] == "service_completed_successfully"
-    assert any(str(p).endswith(":8000") for p in worker["ports"])
+    assert worker["ports"] == ["${WORKER_BIND:-127.0.0.1}:${WORKER_PORT:-8000}:8000"], \
+        "the worker is published on localhost unless WORKER_BIND says otherwise"
+    assert worker["environment"]["VBS_API_KEY"] == "${VBS_API_KEY:-}"
     assert "/v2/health/live" in healthcheck_text(worker)
 
 
@@ -117,7 +125,7 @@ def compose_config(*files: str, env: dict[str, str]) -> subprocess.CompletedProc
     for f in files:
         args += ["-f", str(REPO / f)]
     clean = {k: v for k, v in os.environ.items()
-             if not k.startswith(("VBS_", "COMPOSE_", "REDIS_PASSWORD", "WORKER_PORT", "GPU_DEVICE"))}
+             if not k.startswith(("VBS_", "COMPOSE_", "REDIS_PASSWORD", "WORKER_", "GPU_DEVICE"))}
     return subprocess.run([*args, "config", "--format", "json"], capture_output=True, text=True,
                           timeout=60, env={**clean, **env})
 
@@ -132,9 +140,16 @@ def test_compose_config_resolves_and_needs_a_password() -> None:
     assert set(services) == {"redis", "planner", "worker"}
     assert services["worker"]["environment"]["VBS_STORE"] == "redis://:0123abcd@redis:6379/0"
     assert services["worker"]["environment"]["VBS_MODELS"] == "squeezenet1_0"
-    assert "0123abcd" in services["redis"]["command"]
+    assert "0123abcd" not in " ".join(services["redis"]["command"])  # never on a command line
+    assert services["redis"]["environment"]["REDIS_PASSWORD"] == "0123abcd"
     assert services["worker"]["depends_on"]["planner"]["condition"] == "service_completed_successfully"
-    assert [p["target"] for p in services["worker"]["ports"]] == [8000]
+    assert [(p["host_ip"], p["published"], p["target"]) for p in services["worker"]["ports"]] \
+        == [("127.0.0.1", "8000", 8000)]
+    assert services["worker"]["environment"]["VBS_API_KEY"] == ""  # empty: no key
+    public = compose_config("compose.yaml", env={"REDIS_PASSWORD": "x1", "WORKER_BIND": "0.0.0.0",
+                                                 "VBS_API_KEY": "k" * 16})
+    worker = json.loads(public.stdout)["services"]["worker"]
+    assert worker["ports"][0]["host_ip"] == "0.0.0.0" and worker["environment"]["VBS_API_KEY"] == "k" * 16
 
     models = compose_config("compose.yaml", env={"REDIS_PASSWORD": "x1", "VBS_MODELS": "resnet18,c3d"})
     assert json.loads(models.stdout)["services"]["planner"]["environment"]["VBS_MODELS"] == "resnet18,c3d"

@@ -98,3 +98,34 @@ class OutOfMemoryAbove(nn.Module):
 
 def out_of_memory_above() -> nn.Module:
     return OutOfMemoryAbove()
+
+
+# A file that, while it exists, holds every batch of ``gated_two_layer`` in its forward: a test
+# in another process (a real `vbs serve`) creates it to keep requests in flight, removes it to
+# let them through; ``<file>.held`` appears once a batch is held. Named by the environment
+# variable below (unset: never held).
+GATE_FILE_ENV = "VBS_TEST_GATE_FILE"
+
+
+@torch.fx.wrap
+def gate(x: torch.Tensor) -> torch.Tensor:
+    import os
+    import time
+
+    path = os.environ.get(GATE_FILE_ENV)
+    if path and os.path.exists(path):
+        open(path + ".held", "w").close()  # tells the test a batch is held here
+        while os.path.exists(path):
+            time.sleep(0.005)  # a condition across processes: the file's existence
+    return x
+
+
+class GatedTwoLayer(TwoLayer):
+    """``TwoLayer`` whose output waits while the gate file exists."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gate(super().forward(x))
+
+
+def gated_two_layer() -> nn.Module:
+    return GatedTwoLayer()

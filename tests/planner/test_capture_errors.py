@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from planner.cli import main
+from service.commands import main
 from planner.errors import BatchMixingError, ModelError, TraceError, UsageError
 from planner.graph.capture import capture
 from planner.models import ModelSpec, load_model, parse_shape
@@ -77,7 +77,7 @@ def test_cli_prints_one_line_and_exits_2(capsys) -> None:
 
 
 def test_cli_debug_shows_the_traceback() -> None:
-    proc = subprocess.run([sys.executable, "-m", "planner.cli", "--debug", "graph", "--model", "nope_net"],
+    proc = subprocess.run([sys.executable, "-m", "service.commands", "--debug", "graph", "--model", "nope_net"],
                           capture_output=True, text=True)
     assert proc.returncode != 0 and "Traceback" in proc.stderr
 

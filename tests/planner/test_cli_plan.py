@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from planner.cli import main
+from service.commands import main
 from planner.errors import InfeasibleError, TableFormatError
 from planner.models import ModelSpec
 from planner.pipeline import model_key

@@ -142,7 +142,7 @@ def test_round_trip_profile_file_is_accepted(capsys, tmp_path, example):
 
 
 def test_dispatched_by_the_vbs_command(capsys, example):
-    from planner.cli import main
+    from service.commands import main
     assert main(["solve", "--profile", str(example), "--memory", "7", "--batch", "2",
                  "--slot-bytes", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["time_per_sample"] == 10.0

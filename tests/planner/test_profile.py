@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from planner.cli import main
+from service.commands import main
 from planner.errors import ProfileError
 from planner.graph.capture import capture
 from planner.models import ModelSpec, load_model

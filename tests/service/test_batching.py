@@ -123,6 +123,36 @@ def test_a_request_not_answered_in_time_gets_504(make_settings: Callable[..., Se
     run(main())
 
 
+def test_timed_out_requests_leave_the_queue_count_at_once(
+        make_settings: Callable[..., Settings]) -> None:
+    app = create_app(make_settings(max_queue=2, request_timeout_s=1.0))
+
+    async def main() -> None:
+        async with running(app) as client:
+            entry = app.state.registry.entries["tiny"]
+            batcher = entry.batcher
+            gate = Gate(entry)
+            body = {"inputs": x_(1, 0).tolist()}
+            held = asyncio.create_task(client.post("/infer", json=body))
+            await asyncio.wait_for(gate.entered.wait(), 30)
+            ghosts = await asyncio.gather(*(client.post("/infer", json=body) for _ in range(2)))
+            for r in ghosts:
+                assert_error(r, 504, "request_timeout_s")
+            # still queued behind the held batch, but no longer counted: no 503 from ghosts
+            assert batcher.waiting == 0
+            assert app.state.metrics.value("vbs_queue_depth", {"model": "tiny"}) == 0
+            fresh = asyncio.create_task(client.post("/infer", json=body))
+            await wait_until(lambda: batcher.waiting == 1, what="a new request accepted")
+            gate.open()
+            r = await fresh
+            assert r.status_code == 200, r.text
+            assert_close(r.json()["outputs"], reference(entry, np.asarray(body["inputs"])))
+            await held
+            assert batcher.waiting == 0 and gate.batches == 2  # the ghosts never ran
+
+    run(main())
+
+
 def test_a_failed_batch_fails_every_request_in_it(make_settings: Callable[..., Settings]) -> None:
     app = create_app(make_settings(max_batch_delay_ms=200))
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.cli import build_parser, main
+from service.commands import build_parser, main
 from planner.errors import UsageError
 from planner.settings import Settings, split_model_entry
 from service.cli import serve_settings

@@ -19,6 +19,7 @@ from tests.service.conftest import TINY, ServerThread, assert_error, settings_fo
 
 TINY2 = "tiny2=tests.planner.factories:two_layer@3x8x8"
 MAX_BODY = 100_000
+MAX_JSON = 20_000  # JSON has its own, smaller limit
 MAX_SAMPLES = 8
 TRIPPED: list[str] = []
 
@@ -38,7 +39,7 @@ class Canary:
 @pytest.fixture(scope="module")
 def server(vbs_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
     settings = settings_for(vbs_cache, tmp_path_factory.mktemp("errors") / "store",
-                            models=[TINY, TINY2], max_body_bytes=MAX_BODY,
+                            models=[TINY, TINY2], max_body_bytes=MAX_BODY, max_json_bytes=MAX_JSON,
                             max_samples_per_request=MAX_SAMPLES, max_image_pixels=10_000)
     with ServerThread(create_app(settings)) as started:
         yield started
@@ -96,7 +97,7 @@ CASES = [
     ("json-not-object", INFER, {"json": [1, 2]}, 400, ["body", "JSON object"]),
     ("json-not-utf8", INFER, {"content": b'{"inputs": "\xff\xfe"}', "headers": JSON_CT}, 400, ["body", "UTF-8"]),
     ("json-empty-body", INFER, {"content": b"", "headers": JSON_CT}, 400, ["body", "empty"]),
-    ("json-too-deep", INFER, {"content": nested(40_000), "headers": JSON_CT}, 400, ["body"]),
+    ("json-too-deep", INFER, {"content": nested(MAX_JSON // 2 - 10), "headers": JSON_CT}, 400, ["body"]),
     ("inputs-missing", INFER, {"json": {}}, 400, ["inputs", "missing"]),
     ("unknown-field", INFER, {"json": {"inputs": [[1]], "input": 1}}, 400, ["input", "unknown field"]),
     ("inputs-not-list", INFER, {"json": {"inputs": "abc"}}, 400, ["inputs", "list"]),
@@ -119,7 +120,12 @@ CASES = [
     ("model-mismatch", "/infer?model=tiny", {"json": {"inputs": x_().tolist(), "model": "tiny2"}}, 400, ["model", "tiny2"]),
     ("model-missing", "/infer", {"json": {"inputs": x_().tolist()}}, 400, ["model", "?model="]),
     ("too-many-samples", INFER, {"json": {"inputs": x_(MAX_SAMPLES + 1).tolist()}}, 413, ["inputs", "max_samples_per_request"]),
-    ("body-too-large", INFER, {"content": b" " * (MAX_BODY + 1), "headers": JSON_CT}, 413, ["body", "max_body_bytes"]),
+    ("body-too-large", INFER, {"content": b" " * (MAX_BODY + 1), "headers": NPY}, 413, ["body", "max_body_bytes"]),
+    ("json-too-large", INFER, {"content": b" " * (MAX_JSON + 1), "headers": JSON_CT}, 413, ["body", f"{MAX_JSON}", "max_json_bytes", "application/x-npy", "OIP v2 binary"]),
+    ("json-no-type-too-large", INFER, {"content": b" " * (MAX_JSON + 1)}, 413, ["body", "max_json_bytes"]),
+    ("json-streamed-too-large", INFER, {"content": iter([b" " * 15_000] * 2), "headers": JSON_CT}, 413, ["body", "max_json_bytes"]),
+    ("v2-json-too-large", "/v2/models/tiny/infer", {"content": b" " * (MAX_JSON + 1), "headers": JSON_CT}, 413, ["body", "max_json_bytes"]),
+    ("npy-over-json-limit", INFER, {"content": b"x" * (MAX_JSON + 1), "headers": NPY}, 400, ["body", ".npy"]),
     ("top-k-not-classifier", INFER + "&top_k=3", {"json": {"inputs": x_().tolist()}}, 400, ["top_k", "classifier"]),
     ("top-k-zero", INFER + "&top_k=0", {"json": {"inputs": x_().tolist()}}, 400, ["top_k"]),
     ("top-k-text", INFER + "&top_k=abc", {"json": {"inputs": x_().tolist()}}, 400, ["top_k"]),
@@ -153,6 +159,7 @@ CASES = [
     ("image-too-large", INFER, {"files": {"file": ("big.png", png(200, 100), "image/png")}}, 413, ["files[0]", "max_image_pixels"]),
     ("image-empty", INFER, {"files": {"file": ("e.png", b"", "image/png")}}, 400, ["files[0]", "empty"]),
     ("multipart-malformed", INFER, {"content": b"--x\r\nnonsense", "headers": {"Content-Type": "multipart/form-data"}}, 400, ["body", "multipart"]),
+    ("form-field-too-long", INFER, {"data": {"model": "m" * 70_000}, "files": {"file": ("a.png", png(), "image/png")}}, 400, ["body", "multipart", "maximum size"]),
     ("image-body-garbage", INFER, {"content": b"\x89PNG garbage", "headers": {"Content-Type": "image/png"}}, 400, ["body", "PNG"]),
     ("image-too-many", INFER, {"files": [("f", (f"{i}.png", png(), "image/png")) for i in range(MAX_SAMPLES + 1)]}, 413, ["max_samples_per_request"]),
     # Open Inference Protocol v2

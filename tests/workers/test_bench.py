@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from planner.cli import main
+from service.commands import main
 from planner.errors import UsageError
 from planner.solver.memory import parse_budgets
 

@@ -1,0 +1,153 @@
+"""Graceful shutdown of a real `vbs serve` process: SIGTERM while clients are sending.
+
+The model's batches are held by a gate file (``tests.planner.factories:gated_two_layer``) so
+that requests are provably inside the server (one running, the rest queued, read from
+/metrics) when SIGTERM arrives. Then: new requests are turned away (503, or the connection
+refused once the listener is closed), every request accepted before the signal is answered
+200 with model(x), and the process shuts down cleanly within its grace period (request
+timeout + 5 s).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import free_port
+from tests.planner.factories import GATE_FILE_ENV, gated_two_layer
+
+MODEL = "tests.planner.factories:gated_two_layer"
+SHAPE = (3, 8, 8)
+CLIENTS = 6
+REQUEST_TIMEOUT_S = 20
+GRACE_S = REQUEST_TIMEOUT_S + 5  # what `vbs serve` gives uvicorn (service/cli.py)
+START_TIMEOUT_S = 180.0
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, Path, Path]]:
+    torch.manual_seed(0)
+    weights = tmp_path / "weights.pt"
+    torch.save(gated_two_layer().state_dict(), weights)
+    gate = tmp_path / "gate"
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VBS_")}
+    env.update({GATE_FILE_ENV: str(gate), "VBS_CACHE_DIR": str(tmp_path / "cache"),
+                "VBS_PROFILE_REPEATS": "1", "VBS_PROFILE_WARMUP": "0", "VBS_SLOT_COUNT": "64",
+                "NUMBA_CACHE_DIR": str(tmp_path / "numba"),
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))})
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "service.commands", "serve", "--model", MODEL,
+             "--input-shape", ",".join(map(str, SHAPE)), "--weights", str(weights),
+             "--batch-max", "4", "--store", str(tmp_path / "store"), "--host", "127.0.0.1",
+             "--port", str(port), "--request-timeout", str(REQUEST_TIMEOUT_S),
+             "--max-batch-delay-ms", "0"],
+            env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield process, f"http://127.0.0.1:{port}", gate, log
+    finally:
+        gate.unlink(missing_ok=True)
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def wait_ready(process: subprocess.Popen[bytes], base: str, log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    with httpx.Client(base_url=base, timeout=5) as client:
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"vbs serve exited {process.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                if client.get("/v2/health/ready").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass  # not listening yet
+            if time.monotonic() > deadline:
+                pytest.fail(f"not ready in {START_TIMEOUT_S:.0f} s:\n{log.read_text()[-3000:]}")
+            time.sleep(0.1)  # readiness polling of a starting process
+
+
+def metric(text: str, name: str) -> float:
+    found = re.search(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_sigterm_answers_accepted_requests_refuses_new_ones_and_exits_in_time(server) -> None:
+    process, base, gate, log = server
+    wait_ready(process, base, log)
+    gate.touch()  # from now on batches wait in the model
+    inputs = [np.random.default_rng(i).standard_normal((1, *SHAPE)).astype(np.float32)
+              for i in range(CLIENTS)]
+    answers: dict[int, httpx.Response | Exception] = {}
+
+    def client(i: int) -> None:
+        with httpx.Client(base_url=base, timeout=GRACE_S + 30) as c:
+            try:
+                answers[i] = c.post("/infer", json={"inputs": inputs[i].tolist()})
+            except httpx.HTTPError as exc:
+                answers[i] = exc
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
+    # every request inside the server: the first batch held in the model, the rest queued
+    threads[0].start()
+    held = Path(f"{gate}.held")
+    deadline = time.monotonic() + 60
+    while not held.exists():
+        assert time.monotonic() < deadline and process.poll() is None, "no batch was held"
+        time.sleep(0.01)  # polling another process's state
+    for t in threads[1:]:
+        t.start()
+    with httpx.Client(base_url=base, timeout=5) as probe:
+        while metric(probe.get("/metrics").text, "vbs_queue_depth") < CLIENTS - 1:
+            assert time.monotonic() < deadline, "requests did not all reach the server"
+            time.sleep(0.02)  # polling another process's state
+    process.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    # a new request is turned away: 503, or refused once the listener has closed; never run
+    late: list[object] = []
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with httpx.Client(base_url=base, timeout=10) as c:
+                r = c.post("/infer", json={"inputs": inputs[0].tolist()})
+        except httpx.TransportError as exc:
+            late.append(exc)
+            break
+        late.append(r.status_code)
+        assert r.status_code == 503 and "error" in r.json(), r.text
+        assert time.monotonic() < deadline
+    gate.unlink()  # let the accepted requests through
+    for t in threads:
+        t.join(timeout=GRACE_S + 30)
+    with torch.inference_mode():
+        model = gated_two_layer()
+        model.load_state_dict(torch.load(Path(log).parent / "weights.pt", weights_only=True))
+        for i in range(CLIENTS):
+            r = answers[i]
+            assert isinstance(r, httpx.Response), f"accepted request {i} lost: {r!r}"
+            assert r.status_code == 200, r.text
+            want = model(torch.from_numpy(inputs[i])).numpy()
+            np.testing.assert_allclose(np.asarray(r.json()["outputs"]), want, rtol=1e-4, atol=1e-5)
+    try:
+        code = process.wait(timeout=GRACE_S - (time.monotonic() - signalled) + 5)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"vbs serve still running {GRACE_S} s after SIGTERM:\n{log.read_text()[-3000:]}")
+    # uvicorn (>= 0.29) re-raises the signal once it has shut down cleanly: -SIGTERM, or 0
+    assert code in (0, -signal.SIGTERM), log.read_text()[-3000:]
+    assert "Application shutdown complete" in log.read_text()

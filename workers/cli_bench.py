@@ -1,0 +1,57 @@
+"""``vbs bench``'s flags and command; the benchmark itself is ``workers.bench`` (imported when
+the command runs, so building the ``vbs`` parser loads no torch)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from planner.cli import _positive, add_model_args, load_capture, settings_from
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from planner.pipeline import options_from
+    from planner.profiling.profiler import cached_profile
+    from planner.solver.compare import STRATEGIES, budget_range
+    from planner.solver.memory import parse_budgets
+    from planner.solver.table import build_tables
+    from workers.bench import render, run_bench, write_outputs
+
+    settings = settings_from(args)
+    cap = load_capture(args, settings)
+    options = options_from(settings, batch_max=max(args.batch, args.batch_max or args.batch))
+    profile, _ = cached_profile(cap, options, settings.profile_cache, progress=not args.json)
+    log = (lambda _m: None) if args.json else (lambda m: print(m, file=sys.stderr))
+    log("building the tables of " + ", ".join(STRATEGIES))
+    tables = build_tables(profile, STRATEGIES, slot_bytes=settings.slot_bytes or None,
+                          slot_count=settings.slot_count)
+    low, high = budget_range(tables, args.batch)
+    budgets = parse_budgets(args.memory, low, high)
+    rows, summary, plans = run_bench(cap, profile, tables, args.batch, budgets, args.repeat, log=log)
+    if args.out:
+        write_outputs(Path(args.out), rows, summary, profile, plans)
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+    else:
+        print(render(rows, summary))
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("bench", help="vbs, paper, greedy, fbs and fbs-best side by side on the "
+                                     "real model")
+    add_model_args(p)
+    p.add_argument("--batch", type=_positive, required=True, help="request size")
+    p.add_argument("--memory", default="auto",
+                   help="budgets: START:STOP:STEP (15MB:40MB:5MB), a list (10MB,20MB) or auto[:N] "
+                        "(N budgets from where fbs-best runs one sample at a time to where fbs "
+                        "runs the request at once)")
+    p.add_argument("--batch-max", type=_positive, help="profile up to this batch (default: --batch)")
+    p.add_argument("--repeat", type=_positive, default=5, help="interleaved rounds (default 5)")
+    p.add_argument("--out", help="write CSV, JSON and PNG plots here")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.set_defaults(func=cmd_bench)
