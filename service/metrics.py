@@ -147,6 +147,15 @@ class MemoryListener:
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
 
+    def on_register(self, device: str, model: str) -> None:
+        """Every series of a model (and its device) exported from the start, at 0."""
+        m = self.metrics
+        m.memory_lease.labels(model).set(0)
+        m.memory_share.labels(model)
+        m.memory_lease_waits.labels(model)
+        m.memory_step_downs.labels(model)
+        m.memory_overcommits.labels(device)
+
     def on_budget(self, device: str, budget: int) -> None:
         self.metrics.memory_budget.labels(device).set(budget)
 

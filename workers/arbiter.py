@@ -79,6 +79,8 @@ P = TypeVar("P", bound=Sized)
 class ArbiterListener(Protocol):
     """What the arbiter reports (called with its lock held: keep it quick)."""
 
+    def on_register(self, device: str, model: str) -> None: ...
+
     def on_budget(self, device: str, budget: int) -> None: ...
 
     def on_shares(self, shares: Mapping[str, int]) -> None: ...
@@ -194,6 +196,8 @@ class Arbiter:
             self._waits.setdefault(name, 0)
             self._step_downs.setdefault(name, 0)
             self._share_key = None
+            if self.listener is not None:
+                self.listener.on_register(self.device, name)
 
     # ------------------------------------------------------------------ queries
 

@@ -62,6 +62,9 @@ class Recorder:
         self.waiting = threading.Event()
         self.lock = threading.Lock()
 
+    def on_register(self, device: str, model: str) -> None:
+        self.events.append(("register", model, 0))
+
     def on_budget(self, device: str, budget: int) -> None:
         self.events.append(("budget", device, budget))
 
