@@ -12,6 +12,7 @@ callers only ever catch these::
     ├── ProfileError            a profile is malformed or cannot be measured
     ├── PlanError               the solver or simulator rejects a request
     │   ├── InfeasibleError         no schedule fits the memory budget
+    │   │   └── LeaseTimeoutError       a batch waited too long for its memory lease
     │   └── InvalidProgramError     a program breaks the model of memory or its order
     ├── StoreError              the plan store cannot be reached or holds bad data
     │   ├── TableNotFoundError      no table is stored for a fingerprint
@@ -54,6 +55,11 @@ class PlanError(VbsError):
 
 class InfeasibleError(PlanError):
     """No schedule fits in the memory budget."""
+
+
+class LeaseTimeoutError(InfeasibleError):
+    """A batch waited longer than its timeout for the memory arbiter to lease it a plan's
+    bytes (the other models' batches held them all that time)."""
 
 
 class InvalidProgramError(PlanError):

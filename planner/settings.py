@@ -132,6 +132,24 @@ class Settings(BaseSettings):
                                     description="most memory a plan may use (bytes or 64MB); 0 = what is free")
     memory_margin_bytes: int = Field(default=0, ge=0,
                                      description="memory kept back from plans (bytes or 16MB)")
+    memory_sharing: Literal["arbiter", "static", "none"] = Field(
+        default="arbiter",
+        description="how models on one device share its memory: arbiter (leases, shares from "
+                    "the tables by demand), static (leases, equal shares by weight), none "
+                    "(every model plans for all the free memory; may overcommit)")
+    memory_weights: dict[str, float] | str = Field(
+        default_factory=dict,
+        description="per served model, its weight in the memory shares (default 1): "
+                    "name=2,other=0.5 or a JSON object")
+    memory_minimums: dict[str, int] | str = Field(
+        default_factory=dict,
+        description="per served model, bytes it keeps even when idle (default 0): "
+                    "name=64MB,other=16MB or a JSON object")
+    cpu_model_threads: Literal["shared", "per_model"] = Field(
+        default="shared",
+        description="on the CPU: one torch thread runs every model's batches one at a time "
+                    "(shared), or each model its own (per_model: models run at once, and "
+                    "their memory is shared by the arbiter); CUDA is always per_model")
     store_retry_base_s: float = Field(default=0.2, gt=0, le=60,
                                       description="first delay before reconnecting to a store that is down")
     store_retry_cap_s: float = Field(default=30.0, gt=0, le=3600,
@@ -191,6 +209,49 @@ class Settings(BaseSettings):
             return None
         return value
 
+    @field_validator("memory_weights", "memory_minimums", mode="before")
+    @classmethod
+    def _per_model(cls, value: Any, info: Any) -> Any:
+        """``name=value,name=value`` or a JSON object → a dict; sizes may carry units."""
+        field = info.field_name
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("{"):
+                try:
+                    value = json.loads(text)
+                except ValueError as exc:
+                    raise ValueError(f"{field} {text!r} is not a JSON object ({exc}): give "
+                                     'name=VALUE,name=VALUE or {"name": VALUE}') from exc
+            else:
+                pairs = {}
+                for part in (p.strip() for p in text.split(",") if p.strip()):
+                    name, sep, number = part.partition("=")
+                    if not sep or not name.strip() or not number.strip():
+                        raise ValueError(f"{field}: {part!r} is not name=VALUE")
+                    pairs[name.strip()] = number.strip()
+                value = pairs
+        if not isinstance(value, dict):
+            raise ValueError(f"{field}: give name=VALUE,name=VALUE or a JSON object")
+        if field == "memory_minimums":
+            return {k: _size(v, f"{field}[{k}]") for k, v in value.items()}
+        return value
+
+    @field_validator("memory_weights", mode="after")
+    @classmethod
+    def _check_weights(cls, value: Any) -> Any:
+        for name, weight in value.items():
+            if not weight > 0 or weight != weight or weight == float("inf"):
+                raise ValueError(f"memory_weights[{name}]: {weight} must be a number > 0")
+        return value
+
+    @field_validator("memory_minimums", mode="after")
+    @classmethod
+    def _check_minimums(cls, value: Any) -> Any:
+        for name, size in value.items():
+            if size < 0:
+                raise ValueError(f"memory_minimums[{name}]: {size} must be bytes >= 0")
+        return value
+
     @field_validator("api_key")
     @classmethod
     def _check_api_key(cls, value: SecretStr | None) -> SecretStr | None:
@@ -203,6 +264,16 @@ class Settings(BaseSettings):
         if self.store_retry_cap_s < self.store_retry_base_s:
             raise ValueError(f"store_retry_cap_s {self.store_retry_cap_s} must be >= "
                              f"store_retry_base_s {self.store_retry_base_s}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_memory_names(self) -> Settings:
+        served = [name for name, _, _ in self.served_models]
+        for field in ("memory_weights", "memory_minimums"):
+            for name in getattr(self, field):
+                if name not in served:
+                    raise ValueError(f"{field}: {name!r} is not a served model (served: "
+                                     f"{', '.join(served) or 'none'}); use the served name")
         return self
 
     @property

@@ -140,6 +140,8 @@ class Batcher:
         self._queue: asyncio.Queue[object] = asyncio.Queue()
         self._carry: _Pending | None = None
         self._waiting = 0           # requests queued (including the carried one), not yet run
+        self._queued_samples = 0    # their samples (demand, for the memory arbiter)
+        self._running_samples = 0   # samples of the batch on the worker now
         self._closing = False
         self._task: asyncio.Task[None] | None = None
         self._executor = executor  # its owner shuts it down
@@ -174,6 +176,11 @@ class Batcher:
     def waiting(self) -> int:
         return self._waiting
 
+    def demand(self) -> int:
+        """Samples queued and running: what the memory arbiter divides memory by (read from
+        the torch threads; plain ints)."""
+        return self._queued_samples + self._running_samples
+
     @property
     def closing(self) -> bool:
         return self._closing
@@ -200,6 +207,7 @@ class Batcher:
         pending = _Pending(x, asyncio.get_running_loop().create_future(), time.perf_counter(),
                            decode_s, encode)
         self._waiting += 1
+        self._queued_samples += pending.n
         self._m.queue_depth.set(self._waiting)
         self._queue.put_nowait(pending)
         try:
@@ -223,6 +231,7 @@ class Batcher:
         if item.counted:
             item.counted = False
             self._waiting -= 1
+            self._queued_samples -= item.n
             self._m.queue_depth.set(self._waiting)
 
     def _taken(self, item: _Pending) -> bool:
@@ -287,6 +296,7 @@ class Batcher:
         started = time.perf_counter()
         version = self._table_version()
         self.running = True
+        self._running_samples = sum(p.n for p in batch)
         try:
             done: _Done = await loop.run_in_executor(self._executor, self._infer, batch)
         except asyncio.CancelledError:
@@ -301,6 +311,7 @@ class Batcher:
             return
         finally:
             self.running = False
+            self._running_samples = 0
         self.gather_limit = done.limit
         info = done.info
         total = sum(p.n for p in batch)
@@ -390,7 +401,7 @@ class Batcher:
         if self.latency_target_s is None:
             return self.worker.batch_max
         try:
-            return self.worker.table.largest_batch_within(self.worker.probe.free(),
+            return self.worker.table.largest_batch_within(self.worker.allowance(),
                                                           self.latency_target_s)
         except InfeasibleError:
             return 1
@@ -409,3 +420,4 @@ class Batcher:
             if not p.future.done():
                 p.future.set_exception(exc)
         self._waiting = 0
+        self._queued_samples = 0

@@ -42,6 +42,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--port", type=int, help="listen port (default 8000)")
     p.add_argument("--memory-limit", help="most memory a plan may use, e.g. 64MB (default: free)")
     p.add_argument("--memory-margin", help="memory kept back from plans, e.g. 16MB")
+    p.add_argument("--memory-sharing", choices=["arbiter", "static", "none"],
+                   help="how models on one device share its memory (default arbiter)")
+    p.add_argument("--cpu-model-threads", choices=["shared", "per_model"],
+                   help="on the CPU: one torch thread for every model (default), or one each")
     p.add_argument("--batch-max", type=_positive, help="largest request size planned (default 16)")
     p.add_argument("--device", choices=["cpu", "cuda"])
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
@@ -70,7 +74,8 @@ def add_parser(sub: Any) -> None:
 
 
 _FLAGS = {"store": "store", "weights": "weights", "host": "host", "port": "port", "memory_limit": "memory_limit_bytes",
-          "memory_margin": "memory_margin_bytes", "batch_max": "batch_max", "device": "device",
+          "memory_margin": "memory_margin_bytes", "memory_sharing": "memory_sharing",
+          "cpu_model_threads": "cpu_model_threads", "batch_max": "batch_max", "device": "device",
           "dtype": "dtype", "solver": "solver", "max_batch_delay_ms": "max_batch_delay_ms",
           "latency_target": "latency_target_s", "max_queue": "max_queue",
           "request_timeout": "request_timeout_s"}

@@ -112,6 +112,21 @@ class Metrics:
         self.store_up = Gauge("vbs_store_up", "1 when the plan store watch is live", registry=r)
         self.model_ready = Gauge("vbs_model_ready", "1 when a model and its table are loaded",
                                  ["model"], registry=r)
+        # The memory arbiter's (workers/arbiter.py), set through MemoryListener.
+        self.memory_budget = Gauge("vbs_memory_budget_bytes", "memory free for plans now (the "
+                                   "arbiter's last reading)", ["device"], registry=r)
+        self.memory_lease = Gauge("vbs_memory_lease_bytes", "bytes leased by the model's "
+                                  "running batch (0 when idle)", ["model"], registry=r)
+        self.memory_share = Gauge("vbs_memory_share_bytes", "the model's share of the memory "
+                                  "free for plans", ["model"], registry=r)
+        self.memory_lease_waits = Counter("vbs_memory_lease_waits", "batches that waited in line "
+                                          "for their memory lease", ["model"], registry=r)
+        self.memory_step_downs = Counter("vbs_memory_step_downs", "batches that ran a smaller "
+                                         "plan than their share because other models' batches "
+                                         "held the memory", ["model"], registry=r)
+        self.memory_overcommits = Counter("vbs_memory_overcommits", "leases that took the sum of "
+                                          "live leases past the budget (only with "
+                                          "memory_sharing=none)", ["device"], registry=r)
 
     def for_model(self, model: str) -> ModelMetrics:
         """The per-model metrics of ``model``, labelled once (see ``ModelMetrics``)."""
@@ -128,6 +143,41 @@ class Metrics:
         """A sample's current value (0 when absent): for tests and the load test."""
         found = self.registry.get_sample_value(name, labels or {})
         return float(found) if found is not None else 0.0
+
+
+class MemoryListener:
+    """The memory arbiter's events as metrics (``workers.arbiter.ArbiterListener``)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def on_register(self, device: str, model: str) -> None:
+        """Every series of a model (and its device) exported from the start, at 0."""
+        m = self.metrics
+        m.memory_lease.labels(model).set(0)
+        m.memory_share.labels(model)
+        m.memory_lease_waits.labels(model)
+        m.memory_step_downs.labels(model)
+        m.memory_overcommits.labels(device)
+
+    def on_budget(self, device: str, budget: int) -> None:
+        self.metrics.memory_budget.labels(device).set(budget)
+
+    def on_shares(self, shares: Any) -> None:
+        for model, share in shares.items():
+            self.metrics.memory_share.labels(model).set(share)
+
+    def on_lease(self, model: str, leased: int) -> None:
+        self.metrics.memory_lease.labels(model).set(leased)
+
+    def on_wait(self, model: str) -> None:
+        self.metrics.memory_lease_waits.labels(model).inc()
+
+    def on_step_down(self, model: str) -> None:
+        self.metrics.memory_step_downs.labels(model).inc()
+
+    def on_overcommit(self, device: str) -> None:
+        self.metrics.memory_overcommits.labels(device).inc()
 
 
 class RequestMetricsMiddleware:

@@ -5,6 +5,12 @@ by the profile's fingerprint, or profiled, solved and published), all at once (o
 their torch work queues on the one torch thread), with a progress log; a worker and a batcher
 are built for it. One model that waits for the store or fails does not hold the others back.
 
+Memory. The models of a device share one memory arbiter (``workers.arbiter``): every batch
+leases its plan's exact peak before it runs, within the model's share (by default divided
+from the tables by demand, ``VBS_MEMORY_SHARING``), so models running at once never plan for
+the same free bytes. The registry builds it, registers each model's table and its batcher's
+demand (queued + running samples), and reports it in ``/models`` and the metrics.
+
 Torch threads. PyTorch's CPU kernels parallelise with OpenMP (libgomp), and every thread that
 starts a parallel region gets an OpenMP team of its own; once a process holds more OpenMP
 threads than CPUs, libgomp stops spinning between parallel regions and every region pays for
@@ -12,7 +18,9 @@ waking its threads. Measured on 2 cores (``bench/threads.py``), mnasnet0_5 on on
 2.1-2.5x slower in `vbs serve` than the same plan in process, because the model was loaded on
 one thread and run on another. So on the CPU one thread runs all the process's torch work:
 preparing every model and every batch of every model (image preprocessing is torch-free). On
-CUDA each model has its own thread (its kernels run on the device, so models overlap there). The service is ready when every
+CUDA each model has its own thread (its kernels run on the device, so models overlap there),
+and so on the CPU with ``VBS_CPU_MODEL_THREADS=per_model`` (models run at once, each on its own
+thread; give each few intra-op threads, ``VBS_THREADS``). The service is ready when every
 model is. A plan store that cannot be reached at start is retried with backoff (counted in
 ``vbs_store_errors``); a model that cannot be loaded (bad name, untraceable) or whose stored
 table, meta or profile is malformed (``TableFormatError``: retrying cannot help) is marked
@@ -52,7 +60,9 @@ from planner.store.keys import table_id
 from service.batcher import Batcher
 from service.codecs import Preprocess, build_preprocess, labels_for
 from service.errors import ModelNotFoundError, RequestError, UnavailableError
-from service.metrics import Metrics
+from service.metrics import MemoryListener, Metrics
+from workers.arbiter import Arbiter
+from workers.memory import MemoryProbe
 
 log = logging.getLogger("vbs.service")
 
@@ -140,6 +150,8 @@ class ModelEntry:
                           "compared": sorted(s for s in self.tables if s != table.solver)},
                 "queue": self.batcher.waiting if self.batcher else 0,
                 "memory_limit_bytes": self.worker.probe.limit,
+                "memory_share_bytes": self.worker.arbiter.shares().get(self.name)
+                if self.worker.arbiter is not None else None,
                 "load_s": self.load_s,
             })
         return out
@@ -161,6 +173,7 @@ class Registry:
         self._rng = random.Random()
         self._cpu_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vbs-torch")
         self._executors: dict[str, ThreadPoolExecutor] = {}  # model -> its torch thread
+        self.arbiters: dict[str, Arbiter] = {}  # device -> the arbiter of its memory
         self._store: PlanStore | None = None
         self._store_lock = threading.Lock()
         self._astore: AsyncPlanStore | None = None
@@ -209,6 +222,23 @@ class Registry:
             raise UnavailableError(f"model {entry.name} failed to load: {entry.error}",
                                    retry_after=60)
         return entry
+
+    def memory(self) -> list[dict[str, Any]]:
+        """Every device's arbiter: budget, shares, leases, high water, overcommits (JSON)."""
+        return [a.snapshot().to_json() for a in self.arbiters.values()]
+
+    def arbiter(self, device: str) -> Arbiter:
+        """The memory arbiter of ``device`` (one per device, built on first use)."""
+        found = self.arbiters.get(device)
+        if found is None:
+            s = self.settings
+            probe = MemoryProbe(device=device, limit=s.memory_limit_bytes,
+                                margin=s.memory_margin_bytes)
+            serial = device == "cpu" and s.cpu_model_threads == "shared"
+            found = self.arbiters[device] = Arbiter(device, probe.free, mode=s.memory_sharing,
+                                                    serial=serial,
+                                                    listener=MemoryListener(self.metrics))
+        return found
 
     async def wait_ready(self, timeout_s: float) -> None:
         """Wait until every model is loaded; raise UnavailableError if one failed or time ran out."""
@@ -280,8 +310,9 @@ class Registry:
             self._watch_task = asyncio.create_task(self._watch(), name="vbs-watch-tables")
 
     def _torch_thread(self, entry: ModelEntry) -> ThreadPoolExecutor:
-        """The thread that runs ``entry``'s torch work: the process's one on the CPU."""
-        if entry.spec.device == "cpu":
+        """The thread that runs ``entry``'s torch work: the process's one on the CPU, unless
+        each model gets its own (``cpu_model_threads``)."""
+        if entry.spec.device == "cpu" and self.settings.cpu_model_threads == "shared":
             return self._cpu_thread
         if entry.name not in self._executors:
             self._executors[entry.name] = ThreadPoolExecutor(
@@ -327,6 +358,10 @@ class Registry:
                           latency_target_s=self.settings.latency_target_s, metrics=self.metrics,
                           follow_up=self.settings.batch_follow_up,
                           table_version=lambda: entry.table_version)
+        weights, minimums = self.settings.memory_weights, self.settings.memory_minimums
+        entry.worker.arbiter.register(entry.name, lambda: entry.worker.table, batcher.demand,
+                                      weight=weights.get(entry.name, 1.0),  # type: ignore[union-attr]
+                                      minimum=minimums.get(entry.name, 0))  # type: ignore[union-attr]
         await batcher.start()
         entry.batcher = batcher
         entry.load_s = round(time.monotonic() - started, 3)
@@ -358,7 +393,6 @@ class Registry:
     def _prepare(self, entry: ModelEntry) -> None:
         """Capture, table (from the store or solved), worker, labels, preprocessing (a thread)."""
         from planner.pipeline import prepare
-        from workers.memory import MemoryProbe
         from workers.worker import Worker
 
         store = self._sync_store()
@@ -368,7 +402,8 @@ class Registry:
         version = store.table_version(prepared.table_id)
         probe = MemoryProbe(device=s.device, limit=s.memory_limit_bytes,
                             margin=s.memory_margin_bytes)
-        worker = Worker(prepared.capture, prepared.table, probe)
+        worker = Worker(prepared.capture, prepared.table, probe, name=entry.name,
+                        arbiter=self.arbiter(s.device), lease_timeout_s=s.request_timeout_s)
         out_shape = tuple(prepared.capture.output_shape)
         labels = labels_for(entry.spec.name, out_shape[0]) if len(out_shape) == 1 else None
         pre = build_preprocess(entry.spec.name, tuple(prepared.capture.input_shape))

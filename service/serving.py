@@ -243,7 +243,8 @@ def plan_json(choice: Any) -> dict[str, Any]:
             "plan_id": choice.plan_id, "solver": choice.table.solver,
             "predicted_time_s": choice.time_total,
             "predicted_time_per_sample_s": choice.time_total / choice.batch,
-            "choice_s": choice.seconds}
+            "choice_s": choice.seconds, "lease_wait_s": choice.waited_s,
+            "stepped_down": choice.stepped_down}
 
 
 def timing_json(outcome: Outcome) -> dict[str, float]:

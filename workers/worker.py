@@ -9,6 +9,12 @@ on this path walks a program or runs the DP: ``vbs plan`` did that offline. If t
 still runs out of memory (another process took some meanwhile), the plan steps down below
 what failed and the piece is retried, the allocator's cache released first: a batch is never
 lost. A batch reads the table once, so a table swapped in meanwhile never mixes with it.
+
+With several models on a device, a worker built with an ``arbiter`` (``workers.arbiter``, one
+per device) does not read free memory on its own: before each piece runs it leases the bytes
+of the plan it picks (the piece's exact peak) within what the arbiter lets it take (its share,
+or less when other models' batches hold the rest: a smaller plan, or a wait in line), and
+returns the lease when the piece ends, also on error or out-of-memory.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -25,6 +31,7 @@ from planner.errors import InfeasibleError, OutOfMemoryError, UsageError
 from planner.graph.capture import Capture
 from planner.solver.program import Plan, Program
 from planner.solver.table import PlanTable, TablePlan
+from workers.arbiter import Arbiter, Lease
 from workers.executor import execute
 from workers.memory import MemoryProbe, release_cached
 
@@ -38,8 +45,10 @@ class Choice:
     table: PlanTable
     index: int
     batch: int          # samples of the piece
-    free_bytes: int     # the memory free when it was picked
+    free_bytes: int     # the memory it was picked for (free, or what the arbiter let it take)
     seconds: float      # how long the lookup took
+    waited_s: float = 0.0       # time waiting for its memory lease (0 without an arbiter)
+    stepped_down: bool = False  # the arbiter gave less than its share: other batches held it
 
     @property
     def entry(self) -> TablePlan:
@@ -81,6 +90,16 @@ class RunInfo:
     oom_retries: int
     splits: int
 
+    @property
+    def lease_wait_s(self) -> float:
+        """Seconds the batch waited for memory leases, all pieces together."""
+        return sum(c.waited_s for c in self.choices)
+
+    @property
+    def step_downs(self) -> int:
+        """Pieces that ran a smaller plan than their share because other batches held memory."""
+        return sum(c.stepped_down for c in self.choices)
+
 
 @dataclass
 class WorkerStats:
@@ -102,32 +121,67 @@ class Worker:
     """Runs batches of one captured model with the table's plan for the memory free now."""
 
     def __init__(self, capture: Capture, table: PlanTable, probe: MemoryProbe,
-                 *, max_oom_retries: int = 4) -> None:
+                 *, max_oom_retries: int = 4, name: str | None = None,
+                 arbiter: Arbiter | None = None, lease_timeout_s: float = 30.0) -> None:
         self.capture = capture
         self.probe = probe
         self.max_oom_retries = max_oom_retries
         self.stats = WorkerStats()
         self.table = table
+        self.name = name or capture.model.spec.name  # as the arbiter knows it
+        self.arbiter = arbiter
+        self.lease_timeout_s = lease_timeout_s
 
     @property
     def batch_max(self) -> int:
         return self.table.batch_max
 
-    def choose(self, table: PlanTable, r: int, free: int) -> Choice:
-        """The plan for the most samples, up to r, that fit in ``free`` bytes: lookups only."""
+    def allowance(self) -> int:
+        """Bytes the next batch may plan for: its share from the arbiter, else what is free."""
+        return self.arbiter.allowance(self.name) if self.arbiter is not None else self.probe.free()
+
+    def pick(self, table: PlanTable, r: int, free: int) -> Choice | None:
+        """The plan for the most samples, up to r, that fit in ``free`` bytes (None: not one
+        sample fits): lookups only."""
         t0 = time.perf_counter()
         fit = table.largest_fitting(r, free)
         if fit == 0:
+            return None
+        return Choice(table, table.find(fit, free), fit, free, time.perf_counter() - t0)
+
+    def choose(self, table: PlanTable, r: int, free: int) -> Choice:
+        """``pick``, or InfeasibleError saying how much memory is missing."""
+        choice = self.pick(table, r, free)
+        if choice is None:
             need = int(table.min_peaks[0])
             raise InfeasibleError(f"{self.capture.model.spec.name}: no plan of one sample fits in "
                                   f"{free} free bytes; it needs {need}, {max(0, need - free)} "
                                   "bytes more")
-        index = table.find(fit, free)
-        return Choice(table, index, fit, free, time.perf_counter() - t0)
+        return choice
+
+    def _lease(self, table: PlanTable, r: int, below: int | None,
+               free: Callable[[], int] | None) -> tuple[Choice, Lease[Choice] | None]:
+        """The plan of the next piece and its lease (None without an arbiter, or when the
+        caller gives the free memory itself)."""
+        if self.arbiter is None or free is not None:
+            read = free or self.probe.free
+            avail = read() if below is None else min(read(), below)
+            return self.choose(table, r, avail), None
+        need = int(table.min_peaks[0])
+        if below is not None and below < need:
+            raise InfeasibleError(f"{self.name}: no plan of one sample fits below the {below + 1} "
+                                  f"bytes that ran out of memory; it needs {need}")
+
+        def pick(avail: int) -> Choice | None:
+            return self.pick(table, r, avail if below is None else min(avail, below))
+
+        lease = self.arbiter.acquire(self.name, pick, need=need, timeout_s=self.lease_timeout_s)
+        return replace(lease.choice, waited_s=lease.waited_s,
+                       stepped_down=lease.stepped_down), lease
 
     def infer(self, x: torch.Tensor, free: Callable[[], int] | None = None) -> tuple[torch.Tensor, RunInfo]:
-        """``model(x)`` for a batch of any size, within the memory free when each piece runs."""
-        read_free = free or self.probe.free
+        """``model(x)`` for a batch of any size, within the memory free when each piece runs
+        (``free`` overrides the reading, and the arbiter: for tests and benchmarks)."""
         table = self.table  # one table for the whole batch, whatever is swapped in meanwhile
         n = int(x.shape[0])
         if n < 1:
@@ -138,8 +192,7 @@ class Worker:
         below: int | None = None  # after an out-of-memory: stay below what failed
         start = 0
         while start < n:
-            avail = read_free() if below is None else min(read_free(), below)
-            choice = self.choose(table, min(n - start, table.batch_max), avail)
+            choice, lease = self._lease(table, min(n - start, table.batch_max), below, free)
             try:
                 y = execute(self.capture, choice.program.steps, x[start:start + choice.batch],
                             choice.splits)
@@ -151,6 +204,9 @@ class Worker:
                 start += choice.batch
                 below, attempts = None, 0
                 continue
+            finally:
+                if lease is not None:
+                    self.arbiter.release(lease)  # type: ignore[union-attr]
             retries += 1
             attempts += 1
             if attempts > self.max_oom_retries:

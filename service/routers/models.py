@@ -1,4 +1,5 @@
-"""``GET /models``: what is served, its input and output shapes, and its current table."""
+"""``GET /models``: what is served, its input and output shapes, its current table, and how
+the device's memory is shared among the models (budget, shares, leases, high water)."""
 
 from __future__ import annotations
 
@@ -15,4 +16,4 @@ router = APIRouter(tags=["models"])
 async def get_models(request: Request, registry: RegistryDep) -> dict[str, Any]:
     request.state.vbs_endpoint = "models"
     return {"models": [e.describe() for e in registry.entries.values()],
-            "ready": registry.ready, "store_up": registry.store_up}
+            "ready": registry.ready, "store_up": registry.store_up, "memory": registry.memory()}

@@ -1,5 +1,8 @@
 """``GET /plan?mem=30MB&batch=12``: the table's plan beside every strategy it is compared with.
 
+Without ``mem`` the budget is the model's share of the device's memory now (the memory
+arbiter's, ``memory_source: "share (arbiter)"``), and the answer lists every model's share.
+
 The answer is lookups in the stored tables (``service.explain``: bounded work, about half a
 millisecond for resnet50's five tables, so it runs on the event loop rather than paying a
 thread hop), encoded with orjson: FastAPI's generic encoder took 17 ms for the same answer,
@@ -28,7 +31,8 @@ router = APIRouter(tags=["plans"], dependencies=[ApiKey])
             responses={400: {"description": "bad mem or batch"}, 404: {"description": "no such model"}})
 async def get_plan(
         request: Request, registry: RegistryDep,
-        mem: Annotated[str | None, Query(description="budget: bytes or 30MB, 2GiB; default: free now")] = None,
+        mem: Annotated[str | None, Query(description="budget: bytes or 30MB, 2GiB; default: the "
+                                                     "model's share of the memory free now")] = None,
         batch: Annotated[int | None, Query(description="request size; default: the table's largest")] = None,
         model: Annotated[str | None, Query(description="served model name; default: the only one")] = None,
         program: Annotated[bool, Query(description="also list every step of each plan")] = False,
@@ -41,12 +45,18 @@ async def get_plan(
     if not 1 <= r <= table.batch_max:
         raise field_error("batch", f"{r} is outside 1..{table.batch_max}, the request sizes of "
                                    f"{entry.name}'s table")
-    if mem is None:
-        budget, source = await run_in_threadpool(entry.worker.probe.free), "free now"
+    memory: dict[str, object] = {}
+    if mem is None:  # the model's share now (what its next batch may plan for)
+        budget = await run_in_threadpool(entry.worker.allowance)
+        arbiter = entry.worker.arbiter
+        source = "free now"
+        if arbiter is not None:
+            source = f"share ({arbiter.mode})"
+            memory = {"memory_shares": arbiter.shares(), "memory_free_for_plans": arbiter.last_budget}
     else:
         try:
             budget, source = parse_bytes(mem), "query"
         except UsageError as exc:
             raise field_error("mem", str(exc)) from exc
-    answer = {**explain(entry, r, budget, program=program), "memory_source": source}
+    answer = {**explain(entry, r, budget, program=program), "memory_source": source, **memory}
     return Response(orjson.dumps(answer), media_type="application/json")

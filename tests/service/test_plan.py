@@ -95,8 +95,12 @@ def test_plan_units_and_the_memory_free_now(client: httpx.Client) -> None:
     a = client.get("/plan", params={"mem": "0.03MB", "batch": 2}).json()
     b = client.get("/plan", params={"mem": "30000", "batch": "2"}).json()
     assert a["memory_budget"] == b["memory_budget"] == 30_000 and a["plan"] == b["plan"]
-    now = client.get("/plan").json()  # no mem: the memory free now; no batch: the largest
-    assert now["memory_source"] == "free now" and now["memory_budget"] > 0 and now["batch"] == 4
+    now = client.get("/plan").json()  # no mem: the model's share now; no batch: the largest
+    assert now["memory_source"] == "share (arbiter)" and now["memory_budget"] > 0
+    assert now["batch"] == 4
+    # One model on one (shared) thread: its share is all the memory free for plans.
+    assert now["memory_shares"] == {"tiny": now["memory_budget"]}
+    assert now["memory_free_for_plans"] == now["memory_budget"]
     assert now["plan"]["feasible"]
     assert client.get("/plan", params={"mem": "64MiB", "model": "tiny"}).status_code == 200
 

@@ -1,0 +1,202 @@
+"""Several models on one device: the same mixed load with the memory arbiter, with equal
+static shares, and with every model planning for all the free memory (the old behaviour).
+
+    python bench/multi_model.py [--models resnet50,mobilenet_v2,squeezenet1_0]
+        [--clients 4,2,2] [--duration 30] [--warmup 5] [--rounds 2] [--batch-max 8]
+        [--limit auto] [--input-shape 3x224x224] [--threads 1]
+
+1. The models are planned once into a directory store (``planner.pipeline.prepare``, as
+   `vbs plan` does); every server reads its tables from there.
+2. Per round, per configuration (the order rotates between rounds, so the machine's drift
+   hits every configuration alike): `vbs serve` with all the models under one memory limit
+   (its own process, loopback), and closed-loop clients on every model at once (``vbs
+   loadtest``'s generator: one sample per request, ``--clients`` per model) for
+   ``--duration`` seconds after ``--warmup``.
+3. Per run: the aggregate throughput, each model's p99 latency, the arbiter's record from
+   ``GET /models`` (the most bytes leased at once against the budget, and overcommits: grants
+   that took the live leases past the budget), OOM retries from ``/metrics``, and the server's
+   peak resident memory (VmHWM).
+
+Configurations: ``shared``: the defaults on the CPU (one torch thread runs every model's
+batches one at a time, so leases never overlap and each batch gets the whole budget);
+``none``, ``static``, ``arbiter``: one torch thread per model (``--cpu-model-threads
+per_model``, batches of different models run at once) with that ``--memory-sharing``.
+``--threads`` sets ``VBS_THREADS`` for planning and every server (0: torch's default, one per
+core); 1 keeps OpenMP teams out of the comparison on a machine shared with other work, where
+a team of two spins on a core another process holds. ``--limit auto`` is half the sum of the models' largest plans at ``--batch-max``: each model
+alone could run its fastest plan, the three at once could not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from planner.models import ModelSpec
+from planner.pipeline import prepare
+from planner.settings import Settings, split_model_entry
+from planner.solver.memory import format_bytes, parse_bytes
+from planner.store import open_store
+from service.loadtest import run_loadtest
+
+CONFIGS = {  # name -> vbs serve flags
+    "shared": ["--cpu-model-threads", "shared", "--memory-sharing", "arbiter"],
+    "none": ["--cpu-model-threads", "per_model", "--memory-sharing", "none"],
+    "static": ["--cpu-model-threads", "per_model", "--memory-sharing", "static"],
+    "arbiter": ["--cpu-model-threads", "per_model", "--memory-sharing", "arbiter"],
+}
+
+
+def _port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _peak_rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _metric(text: str, name: str, model: str) -> float:
+    want = f'{name}{{model="{model}"}} '
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(want))
+
+
+def plan(models: list[str], settings: Settings) -> dict[str, Any]:
+    """Every model's tables into the store; returns the served tables."""
+    tables = {}
+    with open_store(settings.store_location) as store:
+        for entry in models:
+            served, name, shape = split_model_entry(entry)
+            t0 = time.perf_counter()
+            prepared = prepare(ModelSpec(name, input_shape=shape), settings, store,
+                               progress=False)
+            tables[served] = prepared.table
+            print(f"planned {served} in {time.perf_counter() - t0:.0f} s: {len(prepared.table.plans)} "
+                  f"plans, smallest {format_bytes(int(prepared.table.min_peaks[0]))}, largest "
+                  f"{format_bytes(prepared.table.top_bytes)}", file=sys.stderr, flush=True)
+    return tables
+
+
+async def load(url: str, models: list[str], clients: list[int], duration: float,
+               warmup: float) -> dict[str, dict[str, Any]]:
+    runs = [run_loadtest(url, m, clients=c, duration_s=duration, warmup_s=warmup)
+            for m, c in zip(models, clients)]
+    return dict(zip(models, await asyncio.gather(*runs)))
+
+
+def one_run(config: str, args: argparse.Namespace, served: list[str], limit: int,
+            env: dict[str, str]) -> dict[str, Any]:
+    port = _port()
+    vbs = Path(sys.executable).with_name("vbs")
+    cmd = [str(vbs), "serve", *[a for m in args.model_entries for a in ("--model", m)],
+           "--store", args.store, "--batch-max", str(args.batch_max), "--port", str(port),
+           "--memory-limit", str(limit), "--log-level", "warning", *CONFIGS[config]]
+    server = subprocess.Popen(cmd, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        while True:
+            try:
+                if httpx.get(f"{url}/v2/health/ready").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if server.poll() is not None:
+                raise SystemExit(f"vbs serve exited ({config})")
+            time.sleep(0.5)  # waiting for a process to start
+        summaries = asyncio.run(load(url, served, args.client_counts, args.duration, args.warmup))
+        memory = httpx.get(f"{url}/models").json()["memory"][0]
+        metrics = httpx.get(f"{url}/metrics").text
+        rss = _peak_rss(server.pid)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    return {"config": config, "summaries": summaries, "memory": memory, "rss": rss,
+            "oom": {m: _metric(metrics, "vbs_oom_retries_total", m) for m in served},
+            "waits": {m: _metric(metrics, "vbs_memory_lease_waits_total", m) for m in served},
+            "step_downs": {m: _metric(metrics, "vbs_memory_step_downs_total", m) for m in served}}
+
+
+def row(k: int, run: dict[str, Any], served: list[str], limit: int) -> str:
+    s = run["summaries"]
+    total = sum(x["throughput_samples_per_s"] for x in s.values())
+    errors = sum(x["errors"] for x in s.values())
+    p99 = " / ".join(f"{1000 * (s[m]['latency_p99_s'] or 0):.0f}" for m in served)
+    per = " / ".join(f"{s[m]['throughput_samples_per_s']:.1f}" for m in served)
+    mem = run["memory"]
+    waits = sum(run["waits"].values())
+    steps = sum(run["step_downs"].values())
+    return (f"| {run['config']} | {k} | {total:.1f} | {per} | {p99} | {errors} | "
+            f"{format_bytes(mem['high_water_bytes'])} ({mem['high_water_bytes'] / limit:.2f}x) | "
+            f"{mem['overcommits']} of {mem['grants']} | {int(sum(run['oom'].values()))} | "
+            f"{waits} / {steps} | {run['rss'] / 1e6:.0f} MB |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="resnet50,mobilenet_v2,squeezenet1_0")
+    ap.add_argument("--clients", default="4,2,2", help="closed-loop clients per model")
+    ap.add_argument("--duration", type=float, default=30.0)
+    ap.add_argument("--warmup", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--batch-max", type=int, default=8)
+    ap.add_argument("--limit", default="auto", help="memory limit (bytes, 64MB) or auto")
+    ap.add_argument("--input-shape", default=None, help="e.g. 3x112x112 (default: each model's)")
+    ap.add_argument("--threads", type=int, default=1, help="VBS_THREADS (0: torch's default)")
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "vbs-serve"))
+    ap.add_argument("--store", default=str(Path.home() / ".cache" / "vbs-serve" / "multi-store"))
+    args = ap.parse_args()
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    args.model_entries = [f"{m}@{args.input_shape}" if args.input_shape else m for m in names]
+    args.client_counts = [int(c) for c in args.clients.split(",")]
+    if len(args.client_counts) == 1:
+        args.client_counts *= len(names)
+    if len(args.client_counts) != len(names):
+        raise SystemExit("--clients: one count, or one per model")
+    configs = [c.strip() for c in args.configs.split(",")]
+    settings = Settings(cache_dir=args.cache_dir, store=args.store, batch_max=args.batch_max,
+                        profile_grid=True, threads=args.threads)
+    tables = plan(args.model_entries, settings)
+    served = list(tables)
+    limit = (sum(t.top_bytes for t in tables.values()) // 2 if args.limit == "auto"
+             else parse_bytes(args.limit))
+    env = {**os.environ, "VBS_CACHE_DIR": args.cache_dir, "VBS_PROFILE_GRID": "1",
+           "VBS_THREADS": str(args.threads)}
+    print(f"models {', '.join(served)} (clients {args.clients}), batch_max {args.batch_max}, "
+          f"VBS_THREADS={args.threads}, memory limit {format_bytes(limit)}; {args.rounds} rounds "
+          f"of {args.duration:.0f} s after {args.warmup:.0f} s warm-up", flush=True)
+    print(f"| config | round | samples/s (all) | samples/s ({' / '.join(served)}) | p99 ms "
+          f"({' / '.join(served)}) | errors | most leased at once (x limit) | overcommits of "
+          "grants | OOM retries | lease waits / step-downs | server peak RSS |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    results: dict[str, list[float]] = {c: [] for c in configs}
+    for k in range(1, args.rounds + 1):
+        order = configs[(k - 1) % len(configs):] + configs[:(k - 1) % len(configs)]
+        for config in order:
+            run = one_run(config, args, served, limit, env)
+            results[config].append(sum(x["throughput_samples_per_s"]
+                                       for x in run["summaries"].values()))
+            print(row(k, run, served, limit), flush=True)
+    print()
+    for config, values in results.items():
+        spread = (max(values) - min(values)) / statistics.median(values) if values else 0
+        print(f"{config}: median {statistics.median(values):.1f} samples/s over {len(values)} "
+              f"rounds (spread {100 * spread:.0f}%)")
+
+
+if __name__ == "__main__":
+    main()
