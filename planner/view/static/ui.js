@@ -596,18 +596,23 @@
       const x0 = Math.max(0, low - span * 0.03), x1 = high + span * 0.08;
       const strategies = Object.keys(data.strategies);
       const times = strategies.flatMap(s => data.strategies[s].map(p => p.time_per_sample_s));
-      const tMax = Math.max(...times, 1e-9) * 1.08;
+      // Time from a little below the fastest plan: the curves' differences are what matter;
+      // the axis says where it starts.
+      const tHi = Math.max(...times, 1e-12), tLo0 = Math.min(...times, tHi);
+      const tMax = tHi + (tHi - tLo0) * 0.08 || tHi * 1.08;
+      const tMin = tHi > tLo0 ? Math.max(0, tLo0 - (tHi - tLo0) * 0.15) : 0;
       const X = b => ml + (b - x0) / (x1 - x0) * (W - ml - mr);
-      const Y = t => H - mb - t / tMax * (H - mt - mb);
+      const Y = t => H - mb - (t - tMin) / (tMax - tMin) * (H - mt - mb);
       const axis = '#1a1a1a';
       svg.append(svgEl('line', {x1: ml, y1: H - mb, x2: W - mr, y2: H - mb, stroke: axis}),
                  svgEl('line', {x1: ml, y1: mt, x2: ml, y2: H - mb, stroke: axis}));
       for (let i = 0; i <= 4; i++) {
         const b = x0 + (x1 - x0) * i / 4;
-        const t = tMax * i / 4;
+        const t = tMin + (tMax - tMin) * i / 4;
         svg.append(
           svgEl('line', {x1: X(b), y1: H - mb, x2: X(b), y2: H - mb + 4, stroke: axis}),
-          svgEl('text', {x: X(b), y: H - mb + 17, 'text-anchor': 'middle', 'font-size': 11, fill: axis},
+          svgEl('text', {x: X(b), y: H - mb + 17, 'text-anchor': i === 4 ? 'end' : 'middle',
+                         'font-size': 11, fill: axis},
                 fmtBytes(Math.round(b))),
           svgEl('line', {x1: ml - 4, y1: Y(t), x2: ml, y2: Y(t), stroke: axis}),
           svgEl('text', {x: ml - 7, y: Y(t) + 4, 'text-anchor': 'end', 'font-size': 11, fill: axis},
@@ -809,5 +814,7 @@
     }
   }
 
-  main();
+  // an inline copy (vbs show --html) runs before the body is parsed; the served file is deferred
+  if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', main);
+  else main();
 })();
