@@ -326,9 +326,8 @@
           text: 'A static file has no live figures: open /ui on the service for them.'}),
         this.liveError, this.source.live ? dl : null);
       this.facts = el('span', {class: 'facts'});
-      return el('section', {class: 'model', 'data-model': this.name, 'aria-labelledby': `${id}-title`},
-        el('div', {class: 'model-head'}, el('h2', {id: `${id}-title`, text: this.name}), this.facts),
-        this.error,
+      // shown once the model is ready: a loading or failed model shows its message alone
+      this.body = el('div', {class: 'model-body', hidden: true},
         el('div', {class: 'controls'},
           el('label', {for: `${id}-mem`, text: 'Memory budget'}), this.slider, this.sliderText,
           el('label', {for: `${id}-batch`, text: 'Request size'}), this.select, this.toFree),
@@ -337,13 +336,16 @@
           el('figure', {'aria-labelledby': `${id}-plan-cap`},
             el('figcaption', {id: `${id}-plan-cap`,
               text: 'Batch size of every phase of every unit (Fig. 9) and memory left unused (Table III)'}),
-            this.planNote, el('div', {class: 'plan-scroll'}, this.planSvg)),
+            el('div', {class: 'plan-scroll'}, this.planSvg)),
           el('div', {},
             el('figure', {'aria-labelledby': `${id}-curve-cap`},
               el('figcaption', {id: `${id}-curve-cap`,
                 text: 'Time per sample against memory, vbs and the baselines (Fig. 7)'}),
               this.curveSvg, this.legend),
             live)));
+      return el('section', {class: 'model', 'data-model': this.name, 'aria-labelledby': `${id}-title`},
+        el('div', {class: 'model-head'}, el('h2', {id: `${id}-title`, text: this.name}), this.facts),
+        this.error, this.planNote, this.body);
     }
 
     showError(err) {
@@ -367,9 +369,11 @@
       if (this.started) return;
       if (info.state === 'ready') {
         this.started = true;
+        this.planNote.hidden = true;
+        this.body.hidden = false;
         this.start();
       } else if (info.state === 'failed') {
-        this.showError(new ApiError(503, `model ${info.name} failed to load: ${info.error || 'see the service log'}`));
+        this.showError(new ApiError(0, `Model ${info.name} failed to load: ${info.error || 'see the service log'}`));
       } else {
         this.error.hidden = true;
         this.planNote.hidden = false;
@@ -587,7 +591,7 @@
       const data = this.curves;
       svg.replaceChildren();
       if (!data) return;
-      const W = 620, H = 330, ml = 78, mr = 24, mt = 22, mb = 56;
+      const W = 620, H = 350, ml = 78, mr = 24, mt = 44, mb = 56;
       svg.setAttribute('width', String(W));
       svg.setAttribute('height', String(H));
       svg.setAttribute('viewBox', `0 0 ${W} ${H}`);
@@ -649,11 +653,12 @@
         const offScale = bytes > x1;
         const x = X(Math.min(Math.max(bytes, x0), x1));
         svg.append(svgEl('g', {class: cls, 'data-bytes': bytes},
-          svgEl('line', {x1: x, y1: mt - 6, x2: x, y2: H - mb, stroke: color, 'stroke-width': 2,
+          svgEl('line', {x1: x, y1: mt - 4, x2: x, y2: H - mb, stroke: color, 'stroke-width': 2,
                          'stroke-dasharray': dash}),
-          svgEl('text', {x: Math.min(x + 4, W - mr - 4), y: cls === 'budget-marker' ? mt + 4 : mt + 18,
+          // labels above the plot, where no curve runs
+          svgEl('text', {x: x > W - 200 ? x - 4 : x + 4, y: cls === 'budget-marker' ? 14 : 30,
                          'font-size': 11, fill: color,
-                         'text-anchor': x > W - 170 ? 'end' : 'start'},
+                         'text-anchor': x > W - 200 ? 'end' : 'start'},
                 `${label} ${fmtBytes(bytes)}${offScale ? ' (off the scale →)' : ''}`)));
       };
       if (this.answer) marker('budget-marker', this.answer.memory_budget, 'budget', '#1a1a1a', null);
