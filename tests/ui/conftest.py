@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -34,6 +36,15 @@ KEY = "page-test-key-0123456789"
 MODELS = ("branchy=tests.ui.models:branchy@3x16x16,tiny=tests.planner.factories:two_layer@3x8x8,"
           "broken=tests.planner.factories:data_dependent@3x8x8")
 START_TIMEOUT_S = 180.0
+# The module whose main is the `vbs` command (``service.commands`` once the entry point moved
+# there; ``planner.cli`` before).
+CLI_MODULE = "service.commands" if importlib.util.find_spec("service.commands") else "planner.cli"
+
+
+def vbs_main() -> Callable[[list[str]], int]:
+    """The `vbs` command's main, to run it in this process."""
+    return importlib.import_module(CLI_MODULE).main  # type: ignore[no-any-return]
+
 VIEWPORT = {"width": 1400, "height": 1000}
 
 
@@ -67,7 +78,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     log = work / "serve.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "planner.cli", "serve", "--host", "127.0.0.1", "--port",
+            [sys.executable, "-m", CLI_MODULE, "serve", "--host", "127.0.0.1", "--port",
              str(port), "--log-level", "warning"], cwd=ROOT, env=env, stdout=out,
             stderr=subprocess.STDOUT)
     server = Served(f"http://127.0.0.1:{port}", KEY, work / "store", log)

@@ -222,6 +222,25 @@ def test_the_key_is_asked_once_and_errors_read_as_messages(browser: Any, served:
         page.context.close()
 
 
+def test_memory_shares_are_what_models_reports(page: Any, served: Served) -> None:
+    """With several models on one device the arbiter reports shares in GET /models; the page
+    shows exactly those (and nothing where the service reports none)."""
+    section(page, "tiny").locator("[data-role=summary][data-budget]").wait_for(state="attached")
+    with served.client() as api:
+        listing = api.get("/models").json()
+    memory = listing.get("memory") or []
+    want = {(d["device"], m, b) for d in memory for m, b in (d.get("shares") or {}).items()}
+    shares = page.locator("#shares")
+    if not want:
+        assert shares.is_hidden()
+        return
+    shares.wait_for(state="visible")
+    shown = set(page.locator("#shares svg rect.share").evaluate_all(
+        "rs => rs.map(r => [r.closest('svg').dataset.device, r.dataset.model, "
+        "Number(r.dataset.bytes)])"))
+    assert {tuple(s) for s in shown} == want
+
+
 CONTRAST_JS = """() => {
   const visible = el => { const r = el.getBoundingClientRect(); const s = getComputedStyle(el);
     return r.width > 0 && r.height > 0 && s.visibility !== 'hidden' && s.display !== 'none'; };

@@ -15,12 +15,11 @@ from typing import Any
 
 import pytest
 
-from planner.cli import main
 from planner.solver.compare import compare
 from planner.solver.synthetic import googlenet_like
 from planner.solver.table import build_tables
 from planner.tree import save_profile
-from tests.ui.conftest import Served, open_page
+from tests.ui.conftest import Served, open_page, vbs_main
 
 STRATEGIES = ("vbs", "paper", "greedy", "fbs", "fbs-best")
 SLOTS = 32
@@ -33,7 +32,7 @@ def vbs(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *ar
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     capsys.readouterr()
-    code = main(list(args))
+    code = vbs_main()(list(args))
     printed = capsys.readouterr()
     return code, printed.out, printed.err
 

@@ -364,7 +364,9 @@
                      info.input_shape ? `input ${info.input_shape.join('×')}` : null,
                      [info.device, info.dtype].filter(Boolean).join(' ') || null,
                      info.table ? `table ${info.table.solver}` +
-                       (info.table.version ? ` v${info.table.version}` : '') : null];
+                       (info.table.version ? ` v${info.table.version}` : '') : null,
+                     typeof info.memory_share_bytes === 'number'
+                       ? `memory share ${fmtBytes(info.memory_share_bytes)}` : null];
       this.facts.textContent = parts.filter(Boolean).join(' · ');
       if (this.started) return;
       if (info.state === 'ready') {
@@ -714,49 +716,52 @@
 
   // ------------------------------------------------------------------ memory shares
 
-  /* The memory arbiter's shares, when GET /models carries them (a `memory` block with
-   * `shares`); absent, the section stays hidden. */
-  function sharesOf(listing) {
-    const memory = listing.memory || {};
-    const items = [];
-    const add = (name, value) => {
-      const bytes = typeof value === 'number' ? value
-        : value && (value.share_bytes ?? value.bytes ?? value.share);
-      if (typeof bytes === 'number') items.push({name, bytes});
-    };
-    if (Array.isArray(memory.shares)) memory.shares.forEach(x => add(x.model || x.name, x));
-    else if (memory.shares && typeof memory.shares === 'object') {
-      Object.entries(memory.shares).forEach(([name, x]) => add(name, x));
-    } else {
-      for (const m of listing.models || []) {
-        if (m.memory && m.memory.shares !== undefined) add(m.name, m.memory.shares);
-        else if (m.memory) add(m.name, m.memory);
-      }
-    }
-    const budget = memory.budget_bytes ?? memory.budget ?? null;
-    return {items, budget: typeof budget === 'number' ? budget : null};
+  /* The memory arbiter's shares, when GET /models carries them: `memory`, a list with one
+   * entry per device ({device, mode, budget_bytes, leased_bytes, shares: {model: bytes},
+   * leases: {model: bytes}}). Absent or empty, the section stays hidden. */
+  function devicesOf(listing) {
+    const memory = Array.isArray(listing.memory) ? listing.memory
+      : listing.memory && typeof listing.memory === 'object' ? [listing.memory] : [];
+    return memory.map(d => ({
+      device: d.device || 'device', mode: d.mode || null,
+      budget: typeof d.budget_bytes === 'number' ? d.budget_bytes : null,
+      leased: typeof d.leased_bytes === 'number' ? d.leased_bytes : null,
+      leases: d.leases || {},
+      shares: Object.entries(d.shares || {}).filter(([, b]) => typeof b === 'number')
+        .map(([name, bytes]) => ({name, bytes}))})).filter(d => d.shares.length);
   }
 
   function renderShares(listing) {
-    const {items, budget} = sharesOf(listing);
+    const devices = devicesOf(listing);
     const section = $('#shares');
-    if (!items.length) { section.hidden = true; return; }
-    const total = Math.max(budget || 0, items.reduce((a, x) => a + x.bytes, 0), 1);
-    const W = 620, H = 26;
-    const svg = svgEl('svg', {class: 'chart', role: 'img', width: W, height: H, viewBox: `0 0 ${W} ${H}`,
-                              'aria-label': 'Each model\'s share of memory'});
-    let x = 0;
-    items.forEach((item, i) => {
-      const w = item.bytes / total * W;
-      svg.append(svgEl('rect', {class: 'share', 'data-model': item.name, x, y: 0, width: w, height: H,
-                                fill: PHASE_FILLS[i % 2], stroke: '#ffffff'},
-                       svgEl('title', {}, `${item.name}: ${fmtBytes(item.bytes)}`)));
-      x += w;
+    if (!devices.length) { section.hidden = true; return; }
+    const parts = devices.map(d => {
+      const total = Math.max(d.budget || 0, d.shares.reduce((a, x) => a + x.bytes, 0), 1);
+      const W = 620, H = 26;
+      const svg = svgEl('svg', {class: 'chart', role: 'img', width: W, height: H,
+                                viewBox: `0 0 ${W} ${H}`, 'data-device': d.device,
+                                'aria-label': `Each model's share of ${d.device} memory`});
+      let x = 0;
+      d.shares.forEach((item, i) => {
+        const w = item.bytes / total * W;
+        svg.append(svgEl('rect', {class: 'share', 'data-model': item.name, 'data-bytes': item.bytes,
+                                  x: x.toFixed(2), y: 0, width: w.toFixed(2), height: H,
+                                  fill: PHASE_FILLS[i % 2], stroke: '#ffffff'},
+                         svgEl('title', {}, `${item.name}: ${fmtBytes(item.bytes)}`)));
+        x += w;
+      });
+      const head = el('p', {}, el('strong', {text: d.device}),
+        d.mode ? ` (${d.mode})` : '',
+        d.budget !== null ? `: ${fmtBytes(d.budget)} free for plans` : '',
+        d.leased !== null ? `, ${fmtBytes(d.leased)} leased now` : '');
+      const list = el('ul', {}, ...d.shares.map(item => el('li', {'data-model': item.name,
+        text: `${item.name}: share ${fmtBytes(item.bytes)}` +
+              (d.budget ? ` (${(100 * item.bytes / d.budget).toFixed(0)}%)` : '') +
+              (typeof d.leases[item.name] === 'number'
+                ? `, leased now ${fmtBytes(d.leases[item.name])}` : '')})));
+      return el('div', {class: 'device'}, head, svg, list);
     });
-    const list = el('ul', {}, ...items.map(item => el('li', {'data-model': item.name,
-      text: `${item.name}: ${fmtBytes(item.bytes)}` +
-            (budget ? ` (${(100 * item.bytes / budget).toFixed(0)}% of ${fmtBytes(budget)})` : '')})));
-    $('#shares-body').replaceChildren(svg, list);
+    $('#shares-body').replaceChildren(...parts);
     section.hidden = false;
   }
 
