@@ -58,8 +58,9 @@ def main() -> None:
            "VBS_PROFILE_REPEATS": "3"}
     env.pop("VBS_API_KEY", None)
     log = open(work / "serve.log", "wb")
+    module = "service.commands" if (ROOT / "service" / "commands.py").exists() else "planner.cli"
     process = subprocess.Popen(
-        [sys.executable, "-m", "planner.cli", "serve", "--model",
+        [sys.executable, "-m", module, "serve", "--model",
          f"{args.model}@{args.input_shape.replace(',', 'x')}", "--host", "127.0.0.1",
          "--port", str(port), "--log-level", "warning"], cwd=ROOT, env=env, stdout=log,
         stderr=subprocess.STDOUT)
