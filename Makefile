@@ -7,7 +7,7 @@ STAMP   = $(VENV)/.installed
 MODEL  ?= squeezenet1_0
 PORT   ?= 8000
 
-.PHONY: run test setup redis-server clean
+.PHONY: run test setup redis-server chromium clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,14 @@ redis-server:
 	  echo "installing redis-server"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) >/dev/null; }
 
-test: $(STAMP) redis-server
+# The page's browser tests drive Debian's chromium through Playwright (its own browser
+# download is not used).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing chromium"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null; }
+
+test: $(STAMP) redis-server chromium
 	$(BIN)/pytest -q
 
 # Serves MODEL on CPU at http://127.0.0.1:8000 with the embedded plan store (no Redis): the

@@ -4,13 +4,18 @@
              [--solver vbs] [--objective time] [--grid] [--replan]
     vbs show --model NAME --memory 30MB --batch 12 [--store ...]
     vbs show --model NAME --memory 10MB:60MB:10MB --batch 12      (a sweep over budgets)
+    vbs show --model NAME [--model ...] --html plans.html [--batch 12]  (the page, one file)
+    vbs show --profile resnet50.json --html plans.html                 (from a profile alone)
 
 ``plan`` = profile (cached) + solve + publish, for every model (or VBS_MODELS): the one-shot
 job of docker compose and the Kubernetes planner Job. It stores the served solver's table and
 those of the strategies compared with it (paper, greedy, fbs, fbs-best). ``show`` prints, from
 those tables, the plan for a budget and request size of every strategy side by side, vbs's
 gain over each (the headline against fbs-best), and per unit the batch sizes of its phases and
-the memory left unused (the paper's Table III).
+the memory left unused (the paper's Table III). With ``--html FILE`` it writes the service's
+page (``/ui``) as one self-contained file with those tables' plans embedded: the same plan
+pictures, with a memory slider, for someone without a running service (``planner.view``).
+``--profile FILE`` takes the tables from a profile (solved now, no model or torch needed).
 """
 
 from __future__ import annotations
@@ -69,30 +74,94 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_show(args: argparse.Namespace) -> int:
-    from planner.cli import settings_from
+def _tables_of_profile(args: argparse.Namespace, settings: Settings) -> list[tuple[str, Any, Any]]:
+    """(name, profile, tables) solved now from ``--profile`` (no store, no torch)."""
+    from planner.pipeline import strategies
+    from planner.solver.table import build_tables
+    from planner.tree import load_profile
+
+    profile = load_profile(args.profile)
+    solver = args.solver or settings.solver
+    tables = build_tables(profile, strategies(solver), objective=args.objective or settings.objective,
+                          slot_bytes=settings.slot_bytes or None, slot_count=settings.slot_count)
+    name = str(profile.meta.get("model") or Path(args.profile).stem)
+    return [(name, profile, tables)]
+
+
+def _tables_of_models(args: argparse.Namespace, settings: Settings, every: bool
+                      ) -> list[tuple[str, Any, Any]]:
+    """(served name, profile, tables) of each --model (or only the first), from the store or
+    profiled, solved and published as `vbs plan` would."""
     from planner.pipeline import prepare
-    from planner.solver.compare import budget_range, compare, render, render_sweep, sweep
-    from planner.solver.memory import parse_budgets, parse_bytes
     from planner.store import open_store
 
-    settings = settings_from(args)
-    [(served, spec)] = _specs(args, settings)[:1]
+    specs = _specs(args, settings)
     store = open_store(settings.store_location)
+    out = []
     try:
-        prepared = prepare(spec, settings, store, batch_max=max(args.batch_max or settings.batch_max,
-                                                                args.batch),
-                           solver=args.solver or settings.solver,
-                           objective=args.objective or settings.objective, progress=not args.quiet)
+        for served, spec in specs if every else specs[:1]:
+            prepared = prepare(spec, settings, store,
+                               batch_max=max(args.batch_max or settings.batch_max, args.batch or 1),
+                               solver=args.solver or settings.solver,
+                               objective=args.objective or settings.objective,
+                               progress=not args.quiet)
+            out.append((served, prepared.profile, dict(prepared.tables)))
     finally:
         store.close()
+    return out
+
+
+def _write_html(args: argparse.Namespace, models: list[tuple[str, Any, Any]]) -> int:
+    from planner.view.data import book
+    from planner.view.page import render_page
+
+    solver = args.solver
+    books = []
+    for name, profile, tables in models:
+        served = solver if solver in tables else next(iter(tables))
+        meta = {k: profile.meta[k] for k in ("model", "input_shape", "dtype", "device")
+                if k in profile.meta}
+        books.append(book(name, profile, tables, served,
+                          sizes=[args.batch] if args.batch else None, meta=meta))
+    title = "vbs-serve plans: " + ", ".join(name for name, _, _ in models)
+    path = Path(args.html)
+    try:
+        path.write_text(render_page(books, title=title), encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--html {path}: cannot write it ({exc.strerror}); give a path in a "
+                         "writable directory") from exc
+    plans = sum(len(s["plans"]) for b in books for s in b["strategies"].values())
+    print(f"wrote {path} ({path.stat().st_size} bytes): {len(books)} model(s), {plans} plans; "
+          "open it in a browser, no service needed")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from planner.cli import settings_from
+    from planner.solver.compare import budget_range, compare, render, render_sweep, sweep
+    from planner.solver.memory import parse_budgets, parse_bytes
+
+    settings = settings_from(args)
+    if args.profile and args.model:
+        raise UsageError("give --model or --profile, not both")
+    if not args.html and (args.memory is None or args.batch is None):
+        raise UsageError("--memory and --batch are needed (or --html FILE for the page with "
+                         "every budget)")
+    if args.profile:
+        models = _tables_of_profile(args, settings)
+    else:
+        models = _tables_of_models(args, settings, every=bool(args.html))
+    if args.html:
+        args.solver = args.solver or settings.solver
+        return _write_html(args, models)
+    served, _profile, tables = models[0]
     if any(c in args.memory for c in ":,") or args.memory.startswith("auto"):
         # A sweep: from where fbs-best runs one sample at a time to where fbs runs r at once.
-        low, high = budget_range(prepared.tables, args.batch)
+        low, high = budget_range(tables, args.batch)
         budgets = parse_budgets(args.memory, low, high)
-        print(render_sweep(sweep(prepared.tables, args.batch, budgets), title=served))
+        print(render_sweep(sweep(tables, args.batch, budgets), title=served))
         return 0
-    result = compare(prepared.tables, args.batch, parse_bytes(args.memory))
+    result = compare(tables, args.batch, parse_bytes(args.memory))
     print(render(result, title=served))
     return 0
 
@@ -125,10 +194,15 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("show", help="one plan beside paper, greedy, fbs and fbs-best, per unit "
-                                    "(Table III)")
+                                    "(Table III); --html: the page as a file")
     _common(p)
-    p.add_argument("--memory", required=True,
+    p.add_argument("--memory",
                    help="budget: bytes or 30MB, 1.5GiB; or a sweep: 10MB:60MB:10MB, a list, auto[:N]")
-    p.add_argument("--batch", type=_positive, required=True, help="request size")
+    p.add_argument("--batch", type=_positive,
+                   help="request size (with --html: the only one in the file; default all)")
+    p.add_argument("--html", type=Path, metavar="FILE",
+                   help="write the plan pictures (the service's /ui page, every budget) to FILE")
+    p.add_argument("--profile", type=Path, metavar="FILE",
+                   help="a vbs.profile/1 JSON to take the tables from, instead of --model")
     p.add_argument("--batch-max", type=_positive, help="largest request size of the table")
     p.set_defaults(func=cmd_show)

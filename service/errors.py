@@ -9,6 +9,7 @@ service's errors are subclasses of ``planner.errors`` classes, so the tree stays
     │   ├── PayloadTooLargeError    413  body or samples over the limit
     │   └── UnsupportedMediaError   415  a Content-Type the endpoint does not read
     ├── ModelNotFoundError      404  no model served under that name
+    ├── AssetNotFoundError      404  no such file of the page (/ui/...)
     └── AuthError               401  missing or wrong API key
     VbsError
     ├── UnavailableError        503  not ready yet, queue full, shutting down (Retry-After)
@@ -56,6 +57,12 @@ class UnsupportedMediaError(RequestError):
 
 class ModelNotFoundError(UsageError):
     """No model is served under the name asked for (404)."""
+
+    status = 404
+
+
+class AssetNotFoundError(UsageError):
+    """The page has no file of that name (404)."""
 
     status = 404
 
@@ -156,6 +163,6 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _unexpected)
 
 
-__all__ = ["AuthError", "ExecutionError", "ModelNotFoundError", "PayloadTooLargeError",
+__all__ = ["AssetNotFoundError", "AuthError", "ExecutionError", "ModelNotFoundError", "PayloadTooLargeError",
            "RequestError", "RequestTimeoutError", "UnavailableError", "UnsupportedMediaError",
            "error_response", "field_error", "install", "status_of"]

@@ -13,8 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from planner.errors import InfeasibleError
-from planner.solver.compare import BASELINE, STRATEGIES, unit_uses
+from planner.solver.compare import BASELINE, STRATEGIES
 from planner.solver.table import PlanTable
+from planner.view.data import plan_description
 from service.registry import ModelEntry
 
 PLANS_CACHED = 4096  # plan descriptions kept per model (a few KB each)
@@ -22,15 +23,8 @@ PLANS_CACHED = 4096  # plan descriptions kept per model (a few KB each)
 
 def _described(entry: ModelEntry, table: PlanTable, index: int, r: int) -> dict[str, Any]:
     """The budget-free part of plan ``index`` of ``table`` (cached per table and plan)."""
-    def build() -> dict[str, Any]:
-        tp = table.plans[index]
-        return {"plan_id": tp.plan_id, "time_total_s": tp.time_total,
-                "time_per_sample_s": tp.time_total / r,
-                "throughput_per_s": r / tp.time_total if tp.time_total > 0 else None,
-                "peak_bytes": tp.peak_bytes, "model_peak_bytes": tp.model_peak_bytes,
-                "units": [{"unit": u.name, "batches": list(u.batches), "need_bytes": u.need_bytes}
-                          for u in unit_uses(table, index)]}
-    return entry.cached(("plan", id(table), index), build, size=PLANS_CACHED)
+    return entry.cached(("plan", id(table), index), lambda: plan_description(table, index, r),
+                        size=PLANS_CACHED)
 
 
 def _answer(entry: ModelEntry, table: PlanTable, r: int, budget: int, program: bool

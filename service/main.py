@@ -16,7 +16,7 @@ from planner.settings import Settings
 from service import errors
 from service.metrics import Metrics, RequestMetricsMiddleware
 from service.registry import Registry
-from service.routers import health, inference, metrics, models, plans, v2
+from service.routers import charts, health, inference, metrics, models, plans, stats, ui, v2
 
 DESCRIPTION = """CNN inference where every layer runs at its own batch size, with the plan
 for the memory free at the moment each batch runs. Errors are `{"error": "..."}` naming the
@@ -43,6 +43,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     app.add_middleware(RequestMetricsMiddleware, metrics=registry_metrics)
     for router in (inference.router, v2.router, plans.router, models.router, health.router,
-                   metrics.router):
+                   metrics.router, charts.router, stats.router, ui.router):
         app.include_router(router)
     return app

@@ -14,6 +14,8 @@ from typing import Any
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
                                generate_latest)
 
+from service.live import Live
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                    30.0, 60.0)
 FINE_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1,
@@ -60,6 +62,7 @@ class Metrics:
 
     def __init__(self) -> None:
         self._models: dict[str, ModelMetrics] = {}
+        self.live = Live()  # the last seconds of answered requests, for the page's live view
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter("vbs_requests", "HTTP requests answered, by model, endpoint and "
@@ -221,3 +224,6 @@ class RequestMetricsMiddleware:
                          + timing.output_s)
                 self.metrics.receive_time.labels(model).observe(receive)
                 self.metrics.overhead_time.labels(model).observe(max(0.0, elapsed - spent))
+            outcome = state.get("vbs_outcome")
+            if outcome is not None:
+                self.metrics.live.record(model, elapsed, outcome)

@@ -230,6 +230,7 @@ async def run(decoded: Decoded, settings: Settings, state: Any) -> Outcome:
             f"model {entry.name}: no answer within {timeout:g} s (request_timeout_s): the service "
             "is busy or the request is large; retry, or send fewer samples") from exc
     state.vbs_timing = outcome.timing  # the middleware counts what the rest of the server took
+    state.vbs_outcome = outcome  # and records it for the live view (service.live)
     return outcome
 
 
