@@ -9,6 +9,7 @@ free loopback port, puts a small closed-loop load on it (``service.loadtest``, 4
 budget where the plan splits, and saves ``ui-plan.png`` (the plan: phases per unit, Table III)
 and ``ui-live.png`` (Fig. 7 with the budget and the memory free now, and the live figures).
 The first run profiles the model (a minute or two on two cores); later runs read the tables.
+Needs Playwright (the test extra) and Debian's chromium, both of which `make test` installs.
 """
 
 from __future__ import annotations

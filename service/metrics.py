@@ -142,6 +142,15 @@ class Metrics:
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
+    def total(self, counter: Counter, model: str) -> float:
+        """A per-model counter's count now, read from that one metric (``value`` collects the
+        whole registry: milliseconds, too slow for a page that polls)."""
+        for family in counter.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_total") and sample.labels.get("model") == model:
+                    return float(sample.value)
+        return 0.0
+
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
         """A sample's current value (0 when absent): for tests and the load test."""
         found = self.registry.get_sample_value(name, labels or {})

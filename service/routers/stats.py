@@ -51,7 +51,6 @@ async def get_stats(name: str, request: Request, registry: RegistryDep,
     figures = live.figures(entry.name)
     table = entry.table
     stamp = live.note_table(entry.name, table, entry.table_version)
-    labels = {"model": entry.name}
     batcher = entry.batcher
     return {
         "model": entry.name, "window_s": figures.window_s,
@@ -61,9 +60,9 @@ async def get_stats(name: str, request: Request, registry: RegistryDep,
         "requests": figures.requests, "samples": figures.samples,
         "samples_per_s": figures.samples_per_s,
         "latency_p50_s": figures.p50_s, "latency_p99_s": figures.p99_s,
-        "samples_total": int(metrics.value("vbs_samples_total", labels)),
-        "oom_retries_total": int(metrics.value("vbs_oom_retries_total", labels)),
-        "batch_splits_total": int(metrics.value("vbs_batch_splits_total", labels)),
+        "samples_total": int(metrics.total(metrics.samples, entry.name)),
+        "oom_retries_total": int(metrics.total(metrics.oom_retries, entry.name)),
+        "batch_splits_total": int(metrics.total(metrics.splits, entry.name)),
         "last_batch": asdict(figures.last) if figures.last is not None else None,
         "table": {"id": entry.table_id, "version": entry.table_version, "solver": table.solver,
                   "plans": len(table.plans), "loaded_at": stamp.loaded_at,

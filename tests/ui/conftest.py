@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -38,7 +37,7 @@ MODELS = ("branchy=tests.ui.models:branchy@3x16x16,tiny=tests.planner.factories:
 START_TIMEOUT_S = 180.0
 # The module whose main is the `vbs` command (``service.commands`` once the entry point moved
 # there; ``planner.cli`` before).
-CLI_MODULE = "service.commands" if importlib.util.find_spec("service.commands") else "planner.cli"
+CLI_MODULE = "service.commands" if (ROOT / "service" / "commands.py").exists() else "planner.cli"
 
 
 def vbs_main() -> Callable[[list[str]], int]:

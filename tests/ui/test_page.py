@@ -163,13 +163,47 @@ def test_live_figures_change_under_a_small_load(page: Any, served: Served, shot:
     last = sec.locator("[data-role=live-last-plan]").inner_text()
     assert last.split(" ")[0] in plan_ids
     assert sec.locator("[data-role=live-oom]").inner_text().startswith("0 ")
-    assert re.match(r"v1 \(vbs, \d+ plans, ", sec.locator("[data-role=live-table]").inner_text())
+    assert re.match(r"v\d+ \(vbs, \d+ plans, ", sec.locator("[data-role=live-table]").inner_text())
     assert sec.locator("[data-role=live-loaded]").inner_text() != "-"
     free = sec.locator("g.free-marker")
     free.wait_for(state="attached")
     assert int(free.get_attribute("data-bytes")) > 0
     sec.scroll_into_view_if_needed()
     shot(page, "live")
+
+
+def test_a_table_published_while_the_page_is_open_shows_up(page: Any, served: Served) -> None:
+    """`vbs plan --replan` publishes a new version of tiny's table; the service swaps it in,
+    and the page, without a reload, says so and redraws its plans from it."""
+    from planner.models import ModelSpec
+    from planner.pipeline import prepare
+    from planner.settings import Settings
+
+    sec = section(page, "tiny")
+    sec.locator("[data-role=summary][data-table-version]").wait_for(state="attached")
+    before = int(sec.locator("[data-role=summary]").get_attribute("data-table-version"))
+    table_text = sec.locator("[data-role=live-table]")
+    page.wait_for_function("([el, v]) => el.textContent.startsWith(`v${v} `)",
+                           arg=[table_text.element_handle(), before])
+    loaded_before = sec.locator("[data-role=live-loaded]").inner_text()
+    settings = Settings(cache_dir=served.store.parent / "cache", store=str(served.store),
+                        batch_max=4, profile_repeats=1, profile_warmup=0, slot_count=64)
+    store = open_store(str(served.store))
+    try:
+        prepare(ModelSpec(name="tests.planner.factories:two_layer", input_shape=(3, 8, 8)),
+                settings, store, batch_max=4, replan=True, progress=False)
+    finally:
+        store.close()
+    after = before + 1
+    page.wait_for_function("([el, v]) => el.textContent.startsWith(`v${v} `)",
+                           arg=[table_text.element_handle(), after], timeout=60_000)
+    sec.locator(f"[data-role=summary][data-table-version='{after}']").wait_for(state="attached")
+    assert sec.locator("[data-role=live-loaded]").inner_text() != loaded_before
+    with served.client() as api:
+        budget = int(sec.locator("[data-role=summary]").get_attribute("data-budget"))
+        answer = api.get("/plan", params={"model": "tiny", "mem": budget, "batch": 4}).json()
+    assert answer["table_version"] == after
+    check_plan(sec, answer)
 
 
 def test_the_key_is_asked_once_and_errors_read_as_messages(browser: Any, served: Served,

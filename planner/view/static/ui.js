@@ -448,6 +448,7 @@
       this.drawCurves();
       this.summary.dataset.budget = String(budget);
       this.summary.dataset.batch = String(r);
+      if (answer.table_version !== undefined) this.summary.dataset.tableVersion = String(answer.table_version);
     }
 
     strategies(answer) {
@@ -707,6 +708,12 @@
       set('loaded', fmtClock(t.loaded_at) + (t.stored_at ? `; planned ${t.stored_at}` : ''));
       set('served', String(s.samples_total));
       this.root.dataset.liveSamples = String(s.samples_total);
+      if (this.curves && this.curves.table_version !== undefined &&
+          t.version !== this.curves.table_version && !this.reloading) {
+        // a new table was swapped in: its curves and the plan at this budget may differ
+        this.reloading = true;
+        this.setBatch(this.batch).finally(() => { this.reloading = false; });
+      }
       const moved = this.free !== s.memory_free_bytes;
       this.free = s.memory_free_bytes;
       this.toFree.disabled = false;
