@@ -26,9 +26,12 @@ from __future__ import annotations
 
 import logging
 
+from typing import Any
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from planner.errors import (ExecutionError, InfeasibleError, OutOfMemoryError, PlanError,
@@ -87,6 +90,23 @@ class RequestTimeoutError(VbsError):
     """The request was queued and run for longer than the configured timeout (504)."""
 
     status = 504
+
+
+class ErrorBody(BaseModel):
+    """The body of every error answer (the OpenAPI schema of every 4xx and 5xx)."""
+
+    error: str = Field(description="what was wrong, naming the field, and what to do")
+
+
+def error_responses(codes: dict[int, str]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for the error statuses an endpoint answers, each an ErrorBody."""
+    return {code: {"model": ErrorBody, "description": text} for code, text in codes.items()}
+
+
+BAD_REQUEST = {400: "a query or path parameter is not valid ({\"error\": ...} names it)"}
+NOT_READY = {503: "a model is not ready (still loading, or failed to load), Retry-After"}
+NO_MODEL = {404: "no model is served under that name"}
+UNAUTHORIZED = {401: "missing or wrong API key (when VBS_API_KEY is set)"}
 
 
 def field_error(field: str, problem: str, cls: type[RequestError] = RequestError) -> RequestError:
@@ -163,6 +183,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _unexpected)
 
 
-__all__ = ["AssetNotFoundError", "AuthError", "ExecutionError", "ModelNotFoundError", "PayloadTooLargeError",
+__all__ = ["AssetNotFoundError", "AuthError", "ErrorBody", "ExecutionError", "ModelNotFoundError",
+           "PayloadTooLargeError",
            "RequestError", "RequestTimeoutError", "UnavailableError", "UnsupportedMediaError",
-           "error_response", "field_error", "install", "status_of"]
+           "error_response", "error_responses", "field_error", "install", "status_of"]

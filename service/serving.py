@@ -175,8 +175,10 @@ async def _multipart(request: Request, max_samples: int
     try:
         form = await request.form(max_files=max_samples + 1, max_fields=16,
                                   max_part_size=64 * 1024)
-    except (HTTPException, MultiPartException) as exc:
-        detail = exc.detail if isinstance(exc, HTTPException) else exc.message
+    except (HTTPException, MultiPartException, ValueError) as exc:
+        # ValueError: python-multipart's parse errors, which older Starlette releases let through
+        detail = (exc.detail if isinstance(exc, HTTPException)
+                  else exc.message if isinstance(exc, MultiPartException) else str(exc))
         raise field_error("body", f"malformed multipart/form-data ({detail})") from exc
     try:
         parts: list[codecs.ImagePart] = []

@@ -80,7 +80,7 @@ def execute(capture: Capture, steps: Iterable[Step], x: torch.Tensor,
     try:
         with torch.inference_mode():
             return walk(TorchBackend(capture, x), capture.tree, steps, x, x.shape[0], splits)
-    except torch.OutOfMemoryError as exc:
+    except torch.cuda.OutOfMemoryError as exc:  # = torch.OutOfMemoryError (torch >= 2.5)
         raise OutOfMemoryError(f"out of memory running a plan of {capture.model.spec.name!r} on "
                                f"{x.shape[0]} samples: {str(exc).splitlines()[0]}") from exc
     except RuntimeError as exc:

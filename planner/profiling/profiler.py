@@ -144,7 +144,7 @@ def measure(capture: Capture, options: ProfileOptions, progress: bool = True) ->
                 for label, peak in cpu_memory_regions(body).items():
                     name, b = label.rsplit("|", 1)
                     peaks.setdefault(name, {})[int(b)] = peak
-    except torch.OutOfMemoryError as exc:
+    except torch.cuda.OutOfMemoryError as exc:  # = torch.OutOfMemoryError (torch >= 2.5)
         raise ProfileError(f"out of memory running batch {options.batch_max} on {device}: "
                            "profile with a smaller --batch-max") from exc
     finally:

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from service.deps import RegistryDep
+from service.errors import NOT_READY, error_responses
 from service.registry import Registry
 
 router = APIRouter(prefix="/health", tags=["health"])
@@ -25,7 +26,8 @@ async def get_live(request: Request) -> dict[str, bool]:
     return {"live": True}
 
 
-@router.get("/ready", summary="Readiness: every model and its table loaded")
+@router.get("/ready", summary="Readiness: every model and its table loaded",
+            responses=error_responses(NOT_READY))
 async def get_ready(request: Request, registry: RegistryDep) -> JSONResponse:
     request.state.vbs_endpoint = "health"
     return readiness(registry)

@@ -9,6 +9,7 @@ from fastapi.responses import Response
 
 from service import serving
 from service.deps import ApiKey, BodyDep, RegistryDep, SettingsDep
+from service.errors import error_responses
 
 router = APIRouter(tags=["inference"], dependencies=[ApiKey])
 
@@ -37,15 +38,15 @@ _BODY = {
     },
 }
 
-_ERRORS = {
-    400: {"description": "a bad field, shape, dtype or encoding ({\"error\": ...} names it)"},
-    401: {"description": "missing or wrong API key"},
-    404: {"description": "no such model"},
-    413: {"description": "body or samples over the limit"},
-    415: {"description": "unsupported Content-Type"},
-    503: {"description": "loading, queue full or no memory now (Retry-After)"},
-    504: {"description": "not answered within request_timeout_s"},
-}
+_ERRORS = error_responses({
+    400: "a bad field, shape, dtype or encoding ({\"error\": ...} names it)",
+    401: "missing or wrong API key",
+    404: "no such model",
+    413: "body or samples over the limit (max_body_bytes, max_json_bytes, max_samples_per_request)",
+    415: "unsupported Content-Type",
+    503: "loading, queue full, shutting down or no memory now (Retry-After)",
+    504: "not answered within request_timeout_s",
+})
 
 
 @router.post("/infer", openapi_extra=_BODY, responses=_ERRORS,

@@ -21,14 +21,15 @@ from starlette.concurrency import run_in_threadpool
 from planner.errors import UsageError
 from planner.solver.memory import parse_bytes
 from service.deps import ApiKey, RegistryDep
-from service.errors import field_error
+from service.errors import BAD_REQUEST, NO_MODEL, NOT_READY, UNAUTHORIZED, error_responses, \
+    field_error
 from service.explain import explain
 
 router = APIRouter(tags=["plans"], dependencies=[ApiKey])
 
 
 @router.get("/plan", summary="The plan for a memory budget and request size",
-            responses={400: {"description": "bad mem or batch"}, 404: {"description": "no such model"}})
+            responses=error_responses({**BAD_REQUEST, **UNAUTHORIZED, **NO_MODEL, **NOT_READY}))
 async def get_plan(
         request: Request, registry: RegistryDep,
         mem: Annotated[str | None, Query(description="budget: bytes or 30MB, 2GiB; default: the "

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 
 from service import codecs, serving
 from service.deps import ApiKey, BodyDep, RegistryDep, SettingsDep
+from service.errors import BAD_REQUEST, NO_MODEL, NOT_READY, error_responses
 from service.routers.health import readiness
 
 router = APIRouter(prefix="/v2", tags=["open inference protocol v2"])
@@ -35,13 +36,15 @@ async def get_live() -> dict[str, bool]:
     return {"live": True}
 
 
-@router.get("/health/ready", summary="Readiness: every model and its table loaded")
+@router.get("/health/ready", summary="Readiness: every model and its table loaded",
+            responses=error_responses(NOT_READY))
 async def get_ready(request: Request, registry: RegistryDep) -> JSONResponse:
     request.state.vbs_endpoint = "health"
     return readiness(registry)
 
 
-@router.get("/models/{name}", summary="Model metadata")
+@router.get("/models/{name}", summary="Model metadata",
+            responses=error_responses({**BAD_REQUEST, **NO_MODEL, **NOT_READY}))
 async def get_model(name: str, registry: RegistryDep) -> dict[str, object]:
     entry = registry.ready_entry(name)
     datatype = codecs.V2_OF_DTYPE.get(entry.spec.dtype, "FP32")  # bfloat16 is sent as FP32
@@ -53,7 +56,8 @@ async def get_model(name: str, registry: RegistryDep) -> dict[str, object]:
                            "fingerprint": entry.fingerprint, "table_version": entry.table_version}}
 
 
-@router.get("/models/{name}/ready", summary="Model readiness")
+@router.get("/models/{name}/ready", summary="Model readiness",
+            responses=error_responses({**BAD_REQUEST, **NO_MODEL, **NOT_READY}))
 async def get_model_ready(name: str, registry: RegistryDep) -> JSONResponse:
     entry = registry.get(name)
     if entry.ready:
@@ -63,12 +67,13 @@ async def get_model_ready(name: str, registry: RegistryDep) -> JSONResponse:
 
 
 @router.post("/models/{name}/infer", dependencies=[ApiKey], summary="Inference (OIP v2)",
-             responses={400: {"description": "a bad tensor ({\"error\": ...} names the field)"},
-                        401: {"description": "missing or wrong API key"},
-                        404: {"description": "no such model"},
-                        413: {"description": "body or samples over the limit"},
-                        503: {"description": "loading, queue full or no memory now"},
-                        504: {"description": "not answered within request_timeout_s"}})
+             responses=error_responses({
+                 400: "a bad tensor ({\"error\": ...} names the field)",
+                 401: "missing or wrong API key", 404: "no such model",
+                 413: "body or samples over the limit (max_body_bytes, max_json_bytes, "
+                      "max_samples_per_request)",
+                 503: "loading, queue full, shutting down or no memory now (Retry-After)",
+                 504: "not answered within request_timeout_s"}))
 async def post_model_infer(name: str, request: Request, registry: RegistryDep,
                            settings: SettingsDep, body: BodyDep) -> Response:
     request.state.vbs_endpoint = "v2_infer"
