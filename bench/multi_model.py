@@ -23,8 +23,9 @@ batches one at a time, so leases never overlap and each batch gets the whole bud
 per_model``, batches of different models run at once) with that ``--memory-sharing``.
 ``--threads`` sets ``VBS_THREADS`` for planning and every server (0: torch's default, one per
 core); 1 keeps OpenMP teams out of the comparison on a machine shared with other work, where
-a team of two spins on a core another process holds. ``--limit auto`` is half the sum of the models' largest plans at ``--batch-max``: each model
-alone could run its fastest plan, the three at once could not.
+a team of two spins on a core another process holds. ``--limit auto`` is the sum of the
+models' smallest plans plus an eighth of what their largest plans at ``--batch-max`` add to
+that: all can run at once, but when they do, not all of them their fastest plans.
 """
 
 from __future__ import annotations
@@ -101,11 +102,12 @@ async def load(url: str, models: list[str], clients: list[int], duration: float,
 def one_run(config: str, args: argparse.Namespace, served: list[str], limit: int,
             env: dict[str, str]) -> dict[str, Any]:
     port = _port()
-    vbs = Path(sys.executable).with_name("vbs")
-    cmd = [str(vbs), "serve", *[a for m in args.model_entries for a in ("--model", m)],
+    tree = Path(__file__).resolve().parent.parent  # this checkout's `vbs`, wherever it lives
+    module = "service.commands" if (tree / "service" / "commands.py").exists() else "planner.cli"
+    cmd = [sys.executable, "-m", module, "serve", *[a for m in args.model_entries for a in ("--model", m)],
            "--store", args.store, "--batch-max", str(args.batch_max), "--port", str(port),
            "--memory-limit", str(limit), "--log-level", "warning", *CONFIGS[config]]
-    server = subprocess.Popen(cmd, env=env)
+    server = subprocess.Popen(cmd, env={**env, "PYTHONPATH": str(tree)}, cwd=tree)
     url = f"http://127.0.0.1:{port}"
     try:
         while True:
@@ -172,8 +174,9 @@ def main() -> None:
                         profile_grid=True, threads=args.threads)
     tables = plan(args.model_entries, settings)
     served = list(tables)
-    limit = (sum(t.top_bytes for t in tables.values()) // 2 if args.limit == "auto"
-             else parse_bytes(args.limit))
+    least = sum(int(t.min_peaks[0]) for t in tables.values())
+    limit = (least + (sum(t.top_bytes for t in tables.values()) - least) // 8
+             if args.limit == "auto" else parse_bytes(args.limit))
     env = {**os.environ, "VBS_CACHE_DIR": args.cache_dir, "VBS_PROFILE_GRID": "1",
            "VBS_THREADS": str(args.threads)}
     print(f"models {', '.join(served)} (clients {args.clients}), batch_max {args.batch_max}, "
