@@ -94,9 +94,9 @@ def plan(models: list[str], settings: Settings) -> dict[str, Any]:
 
 async def load(url: str, models: list[str], clients: list[int], duration: float,
                warmup: float) -> dict[str, dict[str, Any]]:
-    runs = [run_loadtest(url, m, clients=c, duration_s=duration, warmup_s=warmup)
-            for m, c in zip(models, clients)]
-    return dict(zip(models, await asyncio.gather(*runs)))
+    busy = [(m, c) for m, c in zip(models, clients) if c > 0]  # 0 clients: served, idle
+    runs = [run_loadtest(url, m, clients=c, duration_s=duration, warmup_s=warmup) for m, c in busy]
+    return dict(zip([m for m, _ in busy], await asyncio.gather(*runs)))
 
 
 def one_run(config: str, args: argparse.Namespace, served: list[str], limit: int,
@@ -136,8 +136,10 @@ def row(k: int, run: dict[str, Any], served: list[str], limit: int) -> str:
     s = run["summaries"]
     total = sum(x["throughput_samples_per_s"] for x in s.values())
     errors = sum(x["errors"] for x in s.values())
-    p99 = " / ".join(f"{1000 * (s[m]['latency_p99_s'] or 0):.0f}" for m in served)
-    per = " / ".join(f"{s[m]['throughput_samples_per_s']:.1f}" for m in served)
+    p99 = " / ".join(f"{1000 * (s[m]['latency_p99_s'] or 0):.0f}" if m in s else "idle"
+                     for m in served)
+    per = " / ".join(f"{s[m]['throughput_samples_per_s']:.1f}" if m in s else "idle"
+                     for m in served)
     mem = run["memory"]
     waits = sum(run["waits"].values())
     steps = sum(run["step_downs"].values())
@@ -150,7 +152,8 @@ def row(k: int, run: dict[str, Any], served: list[str], limit: int) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="resnet50,mobilenet_v2,squeezenet1_0")
-    ap.add_argument("--clients", default="4,2,2", help="closed-loop clients per model")
+    ap.add_argument("--clients", default="4,2,2",
+                    help="closed-loop clients per model (0: served but idle)")
     ap.add_argument("--duration", type=float, default=30.0)
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=2)
@@ -164,7 +167,7 @@ def main() -> None:
     args = ap.parse_args()
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     args.model_entries = [f"{m}@{args.input_shape}" if args.input_shape else m for m in names]
-    args.client_counts = [int(c) for c in args.clients.split(",")]
+    args.client_counts = [max(0, int(c)) for c in args.clients.split(",")]
     if len(args.client_counts) == 1:
         args.client_counts *= len(names)
     if len(args.client_counts) != len(names):
