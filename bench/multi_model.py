@@ -23,8 +23,9 @@ batches one at a time, so leases never overlap and each batch gets the whole bud
 per_model``, batches of different models run at once) with that ``--memory-sharing``.
 ``--threads`` sets ``VBS_THREADS`` for planning and every server (0: torch's default, one per
 core); 1 keeps OpenMP teams out of the comparison on a machine shared with other work, where
-a team of two spins on a core another process holds. ``--limit auto`` is half the sum of the models' largest plans at ``--batch-max``: each model
-alone could run its fastest plan, the three at once could not.
+a team of two spins on a core another process holds. ``--limit auto`` is the sum of the
+models' smallest plans plus an eighth of what their largest plans at ``--batch-max`` add to
+that: all can run at once, but when they do, not all of them their fastest plans.
 """
 
 from __future__ import annotations
@@ -93,19 +94,20 @@ def plan(models: list[str], settings: Settings) -> dict[str, Any]:
 
 async def load(url: str, models: list[str], clients: list[int], duration: float,
                warmup: float) -> dict[str, dict[str, Any]]:
-    runs = [run_loadtest(url, m, clients=c, duration_s=duration, warmup_s=warmup)
-            for m, c in zip(models, clients)]
-    return dict(zip(models, await asyncio.gather(*runs)))
+    busy = [(m, c) for m, c in zip(models, clients) if c > 0]  # 0 clients: served, idle
+    runs = [run_loadtest(url, m, clients=c, duration_s=duration, warmup_s=warmup) for m, c in busy]
+    return dict(zip([m for m, _ in busy], await asyncio.gather(*runs)))
 
 
 def one_run(config: str, args: argparse.Namespace, served: list[str], limit: int,
             env: dict[str, str]) -> dict[str, Any]:
     port = _port()
-    vbs = Path(sys.executable).with_name("vbs")
-    cmd = [str(vbs), "serve", *[a for m in args.model_entries for a in ("--model", m)],
+    tree = Path(__file__).resolve().parent.parent  # this checkout's `vbs`, wherever it lives
+    module = "service.commands" if (tree / "service" / "commands.py").exists() else "planner.cli"
+    cmd = [sys.executable, "-m", module, "serve", *[a for m in args.model_entries for a in ("--model", m)],
            "--store", args.store, "--batch-max", str(args.batch_max), "--port", str(port),
            "--memory-limit", str(limit), "--log-level", "warning", *CONFIGS[config]]
-    server = subprocess.Popen(cmd, env=env)
+    server = subprocess.Popen(cmd, env={**env, "PYTHONPATH": str(tree)}, cwd=tree)
     url = f"http://127.0.0.1:{port}"
     try:
         while True:
@@ -134,8 +136,10 @@ def row(k: int, run: dict[str, Any], served: list[str], limit: int) -> str:
     s = run["summaries"]
     total = sum(x["throughput_samples_per_s"] for x in s.values())
     errors = sum(x["errors"] for x in s.values())
-    p99 = " / ".join(f"{1000 * (s[m]['latency_p99_s'] or 0):.0f}" for m in served)
-    per = " / ".join(f"{s[m]['throughput_samples_per_s']:.1f}" for m in served)
+    p99 = " / ".join(f"{1000 * (s[m]['latency_p99_s'] or 0):.0f}" if m in s else "idle"
+                     for m in served)
+    per = " / ".join(f"{s[m]['throughput_samples_per_s']:.1f}" if m in s else "idle"
+                     for m in served)
     mem = run["memory"]
     waits = sum(run["waits"].values())
     steps = sum(run["step_downs"].values())
@@ -148,7 +152,8 @@ def row(k: int, run: dict[str, Any], served: list[str], limit: int) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="resnet50,mobilenet_v2,squeezenet1_0")
-    ap.add_argument("--clients", default="4,2,2", help="closed-loop clients per model")
+    ap.add_argument("--clients", default="4,2,2",
+                    help="closed-loop clients per model (0: served but idle)")
     ap.add_argument("--duration", type=float, default=30.0)
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=2)
@@ -162,7 +167,7 @@ def main() -> None:
     args = ap.parse_args()
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     args.model_entries = [f"{m}@{args.input_shape}" if args.input_shape else m for m in names]
-    args.client_counts = [int(c) for c in args.clients.split(",")]
+    args.client_counts = [max(0, int(c)) for c in args.clients.split(",")]
     if len(args.client_counts) == 1:
         args.client_counts *= len(names)
     if len(args.client_counts) != len(names):
@@ -172,8 +177,9 @@ def main() -> None:
                         profile_grid=True, threads=args.threads)
     tables = plan(args.model_entries, settings)
     served = list(tables)
-    limit = (sum(t.top_bytes for t in tables.values()) // 2 if args.limit == "auto"
-             else parse_bytes(args.limit))
+    least = sum(int(t.min_peaks[0]) for t in tables.values())
+    limit = (least + (sum(t.top_bytes for t in tables.values()) - least) // 8
+             if args.limit == "auto" else parse_bytes(args.limit))
     env = {**os.environ, "VBS_CACHE_DIR": args.cache_dir, "VBS_PROFILE_GRID": "1",
            "VBS_THREADS": str(args.threads)}
     print(f"models {', '.join(served)} (clients {args.clients}), batch_max {args.batch_max}, "

@@ -404,6 +404,7 @@ class Registry:
                             margin=s.memory_margin_bytes)
         worker = Worker(prepared.capture, prepared.table, probe, name=entry.name,
                         arbiter=self.arbiter(s.device), lease_timeout_s=s.request_timeout_s)
+        worker.arbiter.budget()  # read here, on the torch thread: known from the start
         out_shape = tuple(prepared.capture.output_shape)
         labels = labels_for(entry.spec.name, out_shape[0]) if len(out_shape) == 1 else None
         pre = build_preprocess(entry.spec.name, tuple(prepared.capture.input_shape))

@@ -90,6 +90,8 @@ def test_three_models_at_once_share_the_memory_without_overrun(settings: Setting
     async def main() -> None:
         with ServerThread(app) as server:
             async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+                text = (await http.get("/metrics")).text  # before any batch: known already
+                assert metric(text, "vbs_memory_budget_bytes", device="cpu") == limit
                 # Phase 1: three clients on each model, all at once.
                 jobs = [client(http, m, 10 * i + c, 6) for i, m in enumerate(MODELS)
                         for c in range(3)]
