@@ -157,6 +157,24 @@ class ModelEntry:
         return out
 
 
+async def _stop(task: asyncio.Task[Any], attempts: int = 3, wait_s: float = 2.0) -> None:
+    """Cancel ``task`` and wait for it, a bounded time: shutdown must not hang on the store.
+
+    A cancellation can be lost (Python 3.11's ``asyncio.wait_for`` drops one that races with
+    the inner future's completion, and redis-py reads under such timeouts), so it is repeated.
+    """
+    for _ in range(attempts):
+        if task.done():
+            break
+        task.cancel()
+        await asyncio.wait({task}, timeout=wait_s)
+    if not task.done():
+        log.warning("%s did not stop within %g s; leaving it", task.get_name(),
+                    attempts * wait_s)
+    elif not task.cancelled() and task.exception() is not None:
+        log.debug("%s ended with %r", task.get_name(), task.exception())
+
+
 class Registry:
     """Loads the models of ``settings.models``, serves their entries, reloads their tables."""
 
@@ -277,11 +295,8 @@ class Registry:
 
     async def close(self) -> None:
         """Stop loading and watching; drain every batcher (accepted requests are answered)."""
-        for task in (self._load_task, self._watch_task):
-            if task is not None and not task.done():
-                task.cancel()
-        await asyncio.gather(*(t for t in (self._load_task, self._watch_task) if t is not None),
-                             return_exceptions=True)
+        await asyncio.gather(*(_stop(t) for t in (self._load_task, self._watch_task)
+                               if t is not None))
         batchers = [e.batcher for e in self.entries.values() if e.batcher is not None]
         await asyncio.gather(*(b.close(self.settings.request_timeout_s) for b in batchers),
                              return_exceptions=True)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from planner.errors import InfeasibleError, OutOfMemoryError, UsageError
-from planner.graph.capture import Capture
+from planner.graph.capture import MODULE_GATE, Capture
 from planner.solver.program import Plan, Program
 from planner.solver.table import PlanTable, TablePlan
 from workers.arbiter import Arbiter, Lease
@@ -194,8 +194,9 @@ class Worker:
         while start < n:
             choice, lease = self._lease(table, min(n - start, table.batch_max), below, free)
             try:
-                y = execute(self.capture, choice.program.steps, x[start:start + choice.batch],
-                            choice.splits)
+                with MODULE_GATE.running():  # never beside a trace (another model loading)
+                    y = execute(self.capture, choice.program.steps, x[start:start + choice.batch],
+                                choice.splits)
             except OutOfMemoryError as exc:
                 message = str(exc)  # keep no reference to the failed attempt's frames
             else:

@@ -15,8 +15,10 @@ The pure tree (planner.tree, no torch) names every unit; ``Capture.units`` and
 
 from __future__ import annotations
 
+import contextlib
 import operator
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -176,10 +178,65 @@ def _common_path(nodes: Sequence[fx.Node]) -> str:
     return ".".join(prefix)
 
 
+class ModuleGate:
+    """Keeps torch.fx traces apart from every other module call in the process.
+
+    Why: ``fx.symbolic_trace`` patches ``torch.nn.Module.__call__`` for the whole process while
+    it runs, so a module called from another thread meanwhile (another model's batch, or its
+    profile) goes into that trace: the other call fails ("module is not installed as a
+    submodule") or the trace records foreign ops. A service that loads one model while it
+    serves another (one torch thread per model) must not let the two meet. A trace takes the
+    gate alone (``tracing``); module calls share it (``running``). A waiting trace goes first:
+    new calls wait behind it, so a trace is not starved by models that never stop serving.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._running = 0
+        self._tracing = False
+        self._waiting_traces = 0
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        with self._cond:
+            while self._tracing or self._waiting_traces:
+                self._cond.wait()
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._running -= 1
+                if not self._running:
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def tracing(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting_traces += 1
+            try:
+                while self._tracing or self._running:
+                    self._cond.wait()
+            finally:
+                self._waiting_traces -= 1
+            self._tracing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._tracing = False
+                self._cond.notify_all()
+
+
+MODULE_GATE = ModuleGate()
+
+
 def trace(loaded: LoadedModel) -> fx.GraphModule:
-    """torch.fx symbolic trace, translated into a TraceError that says what to do."""
+    """torch.fx symbolic trace, translated into a TraceError that says what to do; alone in the
+    process (``MODULE_GATE``)."""
     try:
-        gm = fx.symbolic_trace(loaded.module)
+        with MODULE_GATE.tracing():
+            gm = fx.symbolic_trace(loaded.module)
     except Exception as exc:
         raise TraceError(
             f"torch.fx cannot trace {loaded.spec.name!r}: {type(exc).__name__}: {exc}. Models whose "
@@ -423,7 +480,7 @@ def capture(loaded: LoadedModel) -> Capture:
     name = loaded.spec.name
     x = loaded.example(sum(PARTS))
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), MODULE_GATE.running():
             expected = loaded.module(x)
     except Exception as exc:
         raise ModelError(f"{name!r} rejects input of shape {tuple(x.shape[1:])} "
@@ -433,7 +490,8 @@ def capture(loaded: LoadedModel) -> Capture:
         raise ModelError(f"{name!r} returns a {type(expected).__name__}; vbs-serve serves models "
                          "that return one tensor (put the model in eval mode)")
     gm = trace(loaded)
-    infos = BatchInspector(gm).inspect(x)
+    with MODULE_GATE.running():
+        infos = BatchInspector(gm).inspect(x)
     nodes = list(gm.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
     if len(placeholders) != 1:

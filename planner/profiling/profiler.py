@@ -27,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from planner.errors import ProfileError, UsageError
-from planner.graph.capture import Capture
+from planner.graph.capture import MODULE_GATE, Capture
 from planner.graph.runner import run_node
 from planner.profiling.grid import batch_grid, fill_time, fill_workspace
 from planner.profiling.measure import CudaPeaks, PassTimer, cpu_memory_regions
@@ -123,7 +123,8 @@ def measure(capture: Capture, options: ProfileOptions, progress: bool = True) ->
             for k in range(options.warmup + options.repeats):
                 for b in grid:
                     timer.start()
-                    run_node(capture, capture.tree, inputs[b], timer)
+                    with MODULE_GATE.running():  # per pass: a trace elsewhere waits one pass
+                        run_node(capture, capture.tree, inputs[b], timer)
                     for name, seconds in timer.results().items():
                         if k >= options.warmup:
                             samples.setdefault(name, {}).setdefault(b, []).append(seconds)
@@ -132,14 +133,17 @@ def measure(capture: Capture, options: ProfileOptions, progress: bool = True) ->
             if device.type == "cuda":
                 for b in grid:
                     cuda = CudaPeaks(device)
-                    run_node(capture, capture.tree, inputs[b], cuda)
+                    with MODULE_GATE.running():
+                        run_node(capture, capture.tree, inputs[b], cuda)
                     for name, peak in cuda.peaks.items():
                         peaks.setdefault(name, {})[b] = peak
                     bar.update(per_pass)
             else:
                 def body(region: Callable[[str], Any]) -> None:
                     for b in grid:
-                        run_node(capture, capture.tree, inputs[b], lambda name: region(f"{name}|{b}"))
+                        with MODULE_GATE.running():
+                            run_node(capture, capture.tree, inputs[b],
+                                     lambda name: region(f"{name}|{b}"))
                         bar.update(per_pass)
                 for label, peak in cpu_memory_regions(body).items():
                     name, b = label.rsplit("|", 1)

@@ -1,0 +1,58 @@
+"""A model traced while another model serves batches on another thread (one torch thread per
+model, a model loading beside one serving): torch.fx patches ``torch.nn.Module.__call__`` for
+the whole process while it traces, so without ``MODULE_GATE`` the serving model's module calls
+fail ("module is not installed as a submodule") or land in the other model's trace."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from planner.graph.capture import capture
+from planner.models import ModelSpec, load_model
+from planner.profiling.profiler import ProfileOptions, measure
+from planner.solver.table import build_table
+from workers.memory import MemoryProbe
+from workers.worker import Worker
+
+
+def test_a_trace_beside_a_serving_model_changes_neither() -> None:
+    torch.manual_seed(0)
+    cap = capture(load_model(ModelSpec("tests.planner.factories:two_layer", input_shape=(3, 8, 8))))
+    profile = measure(cap, ProfileOptions(batch_max=2, repeats=1, warmup=0), progress=False)
+    worker = Worker(cap, build_table(profile, slot_count=32), MemoryProbe("cpu"))
+    x = cap.model.example(2)
+    with torch.inference_mode():
+        expected = cap.model.module(x)
+    other = load_model(ModelSpec("resnet18", input_shape=(3, 32, 32)))
+    alone = capture(other).tree  # what the trace gives with nothing else running
+
+    stop = threading.Event()
+    served = threading.Event()
+    errors: list[BaseException] = []
+    runs = [0]
+
+    def serve() -> None:
+        try:
+            with torch.inference_mode():
+                while not stop.is_set():
+                    y, _ = worker.infer(x, free=lambda: 1 << 30)
+                    assert torch.equal(y, expected)
+                    runs[0] += 1
+                    served.set()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below
+            errors.append(exc)
+            served.set()
+
+    thread = threading.Thread(target=serve, name="serving")
+    thread.start()
+    try:
+        assert served.wait(60)
+        trees = [capture(other).tree for _ in range(3)]  # traced while batches run beside it
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not errors, errors
+    assert runs[0] > 0
+    assert all(tree == alone for tree in trees)
