@@ -89,3 +89,22 @@ def test_every_metric_is_in_operations() -> None:
     text = _text(OPERATIONS)
     missing = [n for n in names if not _has_token(text, n)]
     assert not missing, f"docs/operations.md does not mention the metrics {missing}"
+
+
+def test_every_benchmark_names_a_command_in_the_repo() -> None:
+    """Each section of docs/benchmarks.md names the script or module that regenerates its
+    tables, and every script and module it names exists."""
+    text = _text(ROOT / "docs" / "benchmarks.md")
+    sections = re.split(r"^## ", text, flags=re.M)[1:]
+    assert sections
+    for section in sections:
+        title = section.splitlines()[0]
+        scripts = re.findall(r"\b(bench/[\w./-]+\.(?:py|sh))", section)
+        modules = re.findall(r"python -m ([\w.]+)", section)
+        assert scripts or modules or "vbs " in section, f"section {title!r} names no command"
+        for script in scripts:
+            assert (ROOT / script).is_file(), f"{title}: {script} is not in the repo"
+        for module in modules:
+            path = ROOT / Path(*module.split("."))
+            assert path.with_suffix(".py").is_file() or (path / "__main__.py").is_file(), \
+                f"{title}: python -m {module} names no module of the repo"
