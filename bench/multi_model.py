@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
 from planner.models import ModelSpec
 from planner.pipeline import prepare
@@ -49,6 +50,7 @@ from planner.settings import Settings, split_model_entry
 from planner.solver.memory import format_bytes, parse_bytes
 from planner.store import open_store
 from service.loadtest import run_loadtest
+from workers.shares import Want, demand_level, divide, time_per_sample
 
 CONFIGS = {  # name -> vbs serve flags
     "shared": ["--cpu-model-threads", "shared", "--memory-sharing", "arbiter"],
@@ -132,6 +134,30 @@ def one_run(config: str, args: argparse.Namespace, served: list[str], limit: int
             "step_downs": {m: _metric(metrics, "vbs_memory_step_downs_total", m) for m in served}}
 
 
+def predicted(tables: dict[str, Any], limit: int, clients: list[int]) -> None:
+    """What the tables say each mode's shares buy at the load's steady demand (closed-loop
+    clients keep about one request each in flight): per model its share and the time per
+    sample of its plan there, and the knapsack's objective (the queued work's time)."""
+    names = list(tables)
+    demand = [demand_level(c) for c in clients]
+    modes = {
+        "none": {n: limit for n in names},
+        "static": {n: limit // len(names) for n in names},
+        "arbiter": divide(limit, [Want(n, tables[n], d) for n, d in zip(names, demand)]),
+    }
+    print(f"| mode | share MiB ({' / '.join(names)}) | predicted ms per sample | predicted "
+          "time of the queued work (s) | sum of shares (x limit) |")
+    print("|---|---|---|---|---|")
+    for mode, shares in modes.items():
+        tps = [float(time_per_sample(tables[n], max(d, 1), np.array([shares[n]]))[0]) if d else 0.0
+               for n, d in zip(names, demand)]
+        work = sum(d * t for d, t in zip(demand, tps))
+        print(f"| {mode} | {' / '.join(f'{shares[n] / 2**20:.1f}' for n in names)} | "
+              f"{' / '.join(f'{1000 * t:.1f}' if d else 'idle' for t, d in zip(tps, demand))} | "
+              f"{work:.3f} | {sum(shares.values()) / limit:.2f} |")
+    print(flush=True)
+
+
 def row(k: int, run: dict[str, Any], served: list[str], limit: int) -> str:
     s = run["summaries"]
     total = sum(x["throughput_samples_per_s"] for x in s.values())
@@ -162,6 +188,8 @@ def main() -> None:
     ap.add_argument("--input-shape", default=None, help="e.g. 3x112x112 (default: each model's)")
     ap.add_argument("--threads", type=int, default=1, help="VBS_THREADS (0: torch's default)")
     ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--predict-only", action="store_true",
+                    help="print what the tables predict for each mode, run no load")
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "vbs-serve"))
     ap.add_argument("--store", default=str(Path.home() / ".cache" / "vbs-serve" / "multi-store"))
     args = ap.parse_args()
@@ -185,6 +213,9 @@ def main() -> None:
     print(f"models {', '.join(served)} (clients {args.clients}), batch_max {args.batch_max}, "
           f"VBS_THREADS={args.threads}, memory limit {format_bytes(limit)}; {args.rounds} rounds "
           f"of {args.duration:.0f} s after {args.warmup:.0f} s warm-up", flush=True)
+    predicted(tables, limit, args.client_counts)
+    if args.predict_only:
+        return
     print(f"| config | round | samples/s (all) | samples/s ({' / '.join(served)}) | p99 ms "
           f"({' / '.join(served)}) | errors | most leased at once (x limit) | overcommits of "
           "grants | OOM retries | lease waits / step-downs | server peak RSS |")

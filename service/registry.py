@@ -192,6 +192,7 @@ class Registry:
         self._cpu_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vbs-torch")
         self._executors: dict[str, ThreadPoolExecutor] = {}  # model -> its torch thread
         self.arbiters: dict[str, Arbiter] = {}  # device -> the arbiter of its memory
+        self.arbiter(settings.device)
         self._store: PlanStore | None = None
         self._store_lock = threading.Lock()
         self._astore: AsyncPlanStore | None = None

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from planner.errors import InfeasibleError, LeaseTimeoutError, UsageError
+from planner.errors import ExecutionError, InfeasibleError, LeaseTimeoutError, UsageError
 from planner.graph.capture import capture
 from planner.models import ModelSpec, load_model
 from planner.profiling.profiler import ProfileOptions, measure
@@ -341,3 +341,16 @@ def test_real_workers_at_once_never_lease_more_than_the_budget() -> None:
     assert snap.min_headroom_bytes is not None and snap.min_headroom_bytes >= 0
     assert snap.high_water_bytes <= probe_limit[0] and snap.leased_bytes == 0
     assert all(recorder.grants(n) for n in names)
+
+
+def test_a_lease_is_returned_when_the_batch_fails() -> None:
+    """A batch whose plan fails on the device (here: samples of the wrong shape) gives its
+    lease back: the next batch gets the memory."""
+    demand = {"squeezenet1_0": 1}
+    arbiter = Arbiter("cpu", MemoryProbe("cpu", limit=64 * MB).free)
+    worker = _worker("squeezenet1_0", arbiter, demand)
+    with pytest.raises(ExecutionError, match="squeezenet1_0"):
+        worker.infer(torch.zeros(2, 4, 32, 32))  # 4 channels: the first conv refuses them
+    assert arbiter.grants == 1 and arbiter.leased == 0
+    y, info = worker.infer(worker.capture.model.example(2))
+    assert arbiter.grants == 2 and arbiter.leased == 0 and info.choices[0].peak_bytes > 0
