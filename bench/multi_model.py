@@ -104,8 +104,8 @@ async def load(url: str, models: list[str], clients: list[int], duration: float,
 def one_run(config: str, args: argparse.Namespace, served: list[str], limit: int,
             env: dict[str, str]) -> dict[str, Any]:
     port = _port()
-    tree = Path(__file__).resolve().parent.parent  # this checkout's `vbs`, wherever it lives
-    module = "service.commands" if (tree / "service" / "commands.py").exists() else "planner.cli"
+    tree = Path(__file__).resolve().parent.parent  # this checkout's `vbs`
+    module = "service.commands"
     cmd = [sys.executable, "-m", module, "serve", *[a for m in args.model_entries for a in ("--model", m)],
            "--store", args.store, "--batch-max", str(args.batch_max), "--port", str(port),
            "--memory-limit", str(limit), "--log-level", "warning", *CONFIGS[config]]

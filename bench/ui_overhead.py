@@ -84,7 +84,7 @@ def start_serve(tree: Path, args: argparse.Namespace) -> tuple[subprocess.Popen[
            "VBS_BATCH_MAX": str(args.batch_max), "VBS_PROFILE_GRID": "true",
            "VBS_PROFILE_REPEATS": "3", "PYTHONPATH": str(tree)}
     env.pop("VBS_API_KEY", None)
-    module = "service.commands" if (tree / "service" / "commands.py").exists() else "planner.cli"
+    module = "service.commands"  # this checkout's `vbs` (PYTHONPATH above)
     process = subprocess.Popen(
         [sys.executable, "-m", module, "serve", "--model",
          f"{args.model}@{args.input_shape.replace(',', 'x')}", "--host", "127.0.0.1", "--port",

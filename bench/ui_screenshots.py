@@ -59,7 +59,7 @@ def main() -> None:
            "VBS_PROFILE_REPEATS": "3"}
     env.pop("VBS_API_KEY", None)
     log = open(work / "serve.log", "wb")
-    module = "service.commands" if (ROOT / "service" / "commands.py").exists() else "planner.cli"
+    module = "service.commands"  # the `vbs` command of this checkout
     process = subprocess.Popen(
         [sys.executable, "-m", module, "serve", "--model",
          f"{args.model}@{args.input_shape.replace(',', 'x')}", "--host", "127.0.0.1",

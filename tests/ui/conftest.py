@@ -35,9 +35,7 @@ KEY = "page-test-key-0123456789"
 MODELS = ("branchy=tests.ui.models:branchy@3x16x16,tiny=tests.planner.factories:two_layer@3x8x8,"
           "broken=tests.planner.factories:data_dependent@3x8x8")
 START_TIMEOUT_S = 180.0
-# The module whose main is the `vbs` command (``service.commands`` once the entry point moved
-# there; ``planner.cli`` before).
-CLI_MODULE = "service.commands" if (ROOT / "service" / "commands.py").exists() else "planner.cli"
+CLI_MODULE = "service.commands"  # the module whose main is the `vbs` command
 
 
 def vbs_main() -> Callable[[list[str]], int]:
