@@ -141,6 +141,7 @@ def test_timed_out_requests_leave_the_queue_count_at_once(
             # still queued behind the held batch, but no longer counted: no 503 from ghosts
             assert batcher.waiting == 0
             assert app.state.metrics.value("vbs_queue_depth", {"model": "tiny"}) == 0
+            app.state.settings.request_timeout_s = 120  # the next one must not time out
             fresh = asyncio.create_task(client.post("/infer", json=body))
             await wait_until(lambda: batcher.waiting == 1, what="a new request accepted")
             gate.open()
