@@ -33,9 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -50,6 +48,7 @@ from planner.settings import Settings, split_model_entry
 from planner.solver.memory import format_bytes, parse_bytes
 from planner.store import open_store
 from service.loadtest import run_loadtest
+from served import vbs_serve
 from workers.shares import Want, demand_level, divide, time_per_sample
 
 CONFIGS = {  # name -> vbs serve flags
@@ -58,12 +57,6 @@ CONFIGS = {  # name -> vbs serve flags
     "static": ["--cpu-model-threads", "per_model", "--memory-sharing", "static"],
     "arbiter": ["--cpu-model-threads", "per_model", "--memory-sharing", "arbiter"],
 }
-
-
-def _port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _peak_rss(pid: int) -> int:
@@ -103,31 +96,14 @@ async def load(url: str, models: list[str], clients: list[int], duration: float,
 
 def one_run(config: str, args: argparse.Namespace, served: list[str], limit: int,
             env: dict[str, str]) -> dict[str, Any]:
-    port = _port()
-    tree = Path(__file__).resolve().parent.parent  # this checkout's `vbs`
-    module = "service.commands"
-    cmd = [sys.executable, "-m", module, "serve", *[a for m in args.model_entries for a in ("--model", m)],
-           "--store", args.store, "--batch-max", str(args.batch_max), "--port", str(port),
-           "--memory-limit", str(limit), "--log-level", "warning", *CONFIGS[config]]
-    server = subprocess.Popen(cmd, env={**env, "PYTHONPATH": str(tree)}, cwd=tree)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        while True:
-            try:
-                if httpx.get(f"{url}/v2/health/ready").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if server.poll() is not None:
-                raise SystemExit(f"vbs serve exited ({config})")
-            time.sleep(0.5)  # waiting for a process to start
+    cmd = [*[a for m in args.model_entries for a in ("--model", m)], "--store", args.store,
+           "--batch-max", str(args.batch_max), "--memory-limit", str(limit), "--log-level",
+           "warning", *CONFIGS[config]]
+    with vbs_serve(cmd, env, what=f"vbs serve ({config})") as (server, url):
         summaries = asyncio.run(load(url, served, args.client_counts, args.duration, args.warmup))
         memory = httpx.get(f"{url}/models").json()["memory"][0]
         metrics = httpx.get(f"{url}/metrics").text
         rss = _peak_rss(server.pid)
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
     return {"config": config, "summaries": summaries, "memory": memory, "rss": rss,
             "oom": {m: _metric(metrics, "vbs_oom_retries_total", m) for m in served},
             "waits": {m: _metric(metrics, "vbs_memory_lease_waits_total", m) for m in served},

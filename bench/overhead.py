@@ -19,15 +19,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 
 from service.loadtest import run_loadtest
+from served import vbs_serve
 
 
 def _metric(text: str, name: str) -> float:
@@ -80,31 +77,12 @@ def main() -> None:
           "receive p50 |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for k in range(1, args.rounds + 1):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        vbs = Path(sys.executable).with_name("vbs")
-        server = subprocess.Popen([str(vbs), "serve", "--model", args.model, "--port", str(port),
-                                   "--log-level", "warning"],
-                                  env={**os.environ, "VBS_CACHE_DIR": args.cache_dir})
-        url = f"http://127.0.0.1:{port}"
-        try:
-            while True:
-                try:
-                    if httpx.get(f"{url}/v2/health/ready").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if server.poll() is not None:
-                    raise SystemExit("vbs serve exited")
-                time.sleep(0.5)
+        with vbs_serve(["--model", args.model, "--log-level", "warning"],
+                       {**os.environ, "VBS_CACHE_DIR": args.cache_dir}) as (_, url):
             before = httpx.get(f"{url}/metrics").text
             summary = asyncio.run(run_loadtest(url, args.model, clients=1,
                                                duration_s=args.duration, warmup_s=args.warmup))
             after = httpx.get(f"{url}/metrics").text
-        finally:
-            server.terminate()
-            server.wait(timeout=60)
         name = f'vbs_server_overhead_seconds_{{}}{{{{model="{args.model}"}}}}'
         spent = _metric(after, name.format("sum")) - _metric(before, name.format("sum"))
         count = _metric(after, name.format("count")) - _metric(before, name.format("count"))

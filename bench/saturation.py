@@ -18,20 +18,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import httpx
 
 from planner.models import ModelSpec
 from planner.pipeline import prepare
 from planner.settings import Settings
 from planner.store import open_store
 from service.loadtest import run_loadtest
+from served import vbs_serve
 from workers.memory import MemoryProbe
 from workers.worker import Worker
 
@@ -55,30 +52,11 @@ def main() -> None:
           "offline (samples/s) | service / offline |")
     print("|---|---|---|---|---|---|")
     for k in range(1, args.rounds + 1):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        vbs = Path(sys.executable).with_name("vbs")
-        server = subprocess.Popen([str(vbs), "serve", "--model", args.model, "--store", args.store,
-                                   "--batch-max", str(args.batch_max), "--port", str(port),
-                                   "--log-level", "warning"],
-                                  env={**os.environ, "VBS_CACHE_DIR": args.cache_dir})
-        try:
-            url = f"http://127.0.0.1:{port}"
-            while True:
-                try:
-                    if httpx.get(f"{url}/v2/health/ready").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if server.poll() is not None:
-                    raise SystemExit("vbs serve exited")
-                time.sleep(0.5)
+        with vbs_serve(["--model", args.model, "--store", args.store, "--batch-max",
+                        str(args.batch_max), "--log-level", "warning"],
+                       {**os.environ, "VBS_CACHE_DIR": args.cache_dir}) as (_, url):
             summary = asyncio.run(run_loadtest(url, args.model, clients=args.clients,
                                                duration_s=args.duration, warmup_s=args.warmup))
-        finally:
-            server.terminate()
-            server.wait(timeout=60)
         mix = {int(b): n / int(b) for b, n in summary["requests_by_batch_size"].items()}
         offline: dict[int, list[float]] = {b: [] for b in mix}
         examples = {b: prepared.capture.model.example(b, seed=b) for b in mix}

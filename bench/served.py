@@ -1,0 +1,58 @@
+"""What a benchmark does to serve a model: this checkout's `vbs serve` in its own process, on a
+free loopback port, waited on until it answers ready, and stopped however the benchmark ends.
+
+The benchmark scripts run as ``python bench/NAME.py``, so this module is importable as
+``served`` from beside them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def vbs_serve(args: Sequence[str], env: Mapping[str, str] | None = None,
+              what: str = "vbs serve") -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """``vbs serve ARGS`` on 127.0.0.1 (``env`` or this process's environment): yields the
+    process and its base URL once ``/v2/health/ready`` answers 200."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "service.commands", "serve", *args, "--host", "127.0.0.1",
+         "--port", str(port)],
+        env={**(env if env is not None else os.environ), "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        while True:
+            try:
+                if httpx.get(f"{url}/v2/health/ready").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if server.poll() is not None:
+                raise SystemExit(f"{what} exited with {server.returncode} before it was ready")
+            time.sleep(0.5)  # a process starting (the first start profiles and plans)
+        yield server, url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
