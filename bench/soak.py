@@ -56,7 +56,7 @@ import uvicorn
 from planner.errors import StoreError
 from planner.models import ModelSpec
 from planner.pipeline import prepare, publish
-from planner.settings import Settings, split_model_entry
+from planner.settings import Settings
 from planner.solver.table import build_table
 from planner.store import open_store
 from service.main import create_app
@@ -191,14 +191,20 @@ async def client(k: int, url: str, models: dict[str, tuple[int, ...]], outputs: 
                 await asyncio.sleep(0.05)  # what a client does on Retry-After, shortened
 
 
+async def stopped_within(stop: asyncio.Event, seconds: float) -> bool:
+    """Wait ``seconds``, or less if ``stop`` is set meanwhile; True when it was."""
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except asyncio.TimeoutError:
+        return False
+    return True
+
+
 async def chaos_memory(app: Any, every: float, stop: asyncio.Event, rng: random.Random,
                        tally: dict[str, Any]) -> None:
     registry = app.state.registry
     while not stop.is_set():
-        try:
-            await asyncio.wait_for(stop.wait(), every)
-        except asyncio.TimeoutError:
-            pass
+        await stopped_within(stop, every)
         for entry in registry.entries.values():
             table = entry.table
             low, high = int(table.min_peaks[0]), int(table.top_bytes)
@@ -210,16 +216,10 @@ async def chaos_memory(app: Any, every: float, stop: asyncio.Event, rng: random.
 
 async def chaos_redis(redis: Redis, every: float, down: float, stop: asyncio.Event) -> None:
     while not stop.is_set():
-        try:
-            await asyncio.wait_for(stop.wait(), every)
+        if await stopped_within(stop, every):
             return
-        except asyncio.TimeoutError:
-            pass
         await asyncio.to_thread(redis.kill)
-        try:
-            await asyncio.wait_for(stop.wait(), down)
-        except asyncio.TimeoutError:
-            pass
+        await stopped_within(stop, down)
         await asyncio.to_thread(redis.start)
 
 
@@ -236,11 +236,8 @@ async def chaos_tables(app: Any, redis: Redis, every: float, stop: asyncio.Event
     entries = list(app.state.registry.entries.values())
     k = 0
     while not stop.is_set():
-        try:
-            await asyncio.wait_for(stop.wait(), every)
+        if await stopped_within(stop, every):
             return
-        except asyncio.TimeoutError:
-            pass
         entry = entries[k % len(entries)]
         k += 1
         try:
