@@ -205,12 +205,15 @@ async def chaos_memory(app: Any, every: float, stop: asyncio.Event, rng: random.
     registry = app.state.registry
     while not stop.is_set():
         await stopped_within(stop, every)
-        for entry in registry.entries.values():
-            table = entry.table
-            low, high = int(table.min_peaks[0]), int(table.top_bytes)
-            # mostly a budget some plan fits; now and then none (503) or no limit at all
-            limit = rng.choice([0, int(low * 0.9)] + [rng.randint(low, max(low, high))] * 4)
-            entry.worker.probe.limit = limit  # 0 = what is free
+        # one limit for the device (its models share one probe and one arbiter), drawn from
+        # the models' tables: mostly a budget some plan fits; now and then none of one
+        # model's (503) or no limit at all
+        tables = [entry.table for entry in registry.entries.values()]
+        low = max(int(t.min_peaks[0]) for t in tables)
+        high = max(int(t.top_bytes) for t in tables)
+        limit = rng.choice([0, int(low * 0.9)] + [rng.randint(low, max(low, high))] * 4)
+        for probe in registry.probes.values():
+            probe.limit = limit  # 0 = what is free
         tally["limit_changes"] += 1
 
 

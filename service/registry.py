@@ -192,6 +192,7 @@ class Registry:
         self._cpu_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vbs-torch")
         self._executors: dict[str, ThreadPoolExecutor] = {}  # model -> its torch thread
         self.arbiters: dict[str, Arbiter] = {}  # device -> the arbiter of its memory
+        self.probes: dict[str, MemoryProbe] = {}  # device -> the one reading of its free memory
         self.arbiter(settings.device)
         self._store: PlanStore | None = None
         self._store_lock = threading.Lock()
@@ -251,8 +252,8 @@ class Registry:
         found = self.arbiters.get(device)
         if found is None:
             s = self.settings
-            probe = MemoryProbe(device=device, limit=s.memory_limit_bytes,
-                                margin=s.memory_margin_bytes)
+            probe = self.probes[device] = MemoryProbe(device=device, limit=s.memory_limit_bytes,
+                                                      margin=s.memory_margin_bytes)
             serial = device == "cpu" and s.cpu_model_threads == "shared"
             found = self.arbiters[device] = Arbiter(device, probe.free, mode=s.memory_sharing,
                                                     serial=serial,
@@ -416,10 +417,9 @@ class Registry:
         prepared = prepare(entry.spec, s, store, batch_max=s.batch_max, solver=s.solver,
                            objective=s.objective, repair=False, progress=False)
         version = store.table_version(prepared.table_id)
-        probe = MemoryProbe(device=s.device, limit=s.memory_limit_bytes,
-                            margin=s.memory_margin_bytes)
-        worker = Worker(prepared.capture, prepared.table, probe, name=entry.name,
-                        arbiter=self.arbiter(s.device), lease_timeout_s=s.request_timeout_s)
+        arbiter = self.arbiter(s.device)  # its probe is the device's one reading, shared
+        worker = Worker(prepared.capture, prepared.table, self.probes[s.device], name=entry.name,
+                        arbiter=arbiter, lease_timeout_s=s.request_timeout_s)
         worker.arbiter.budget()  # read here, on the torch thread: known from the start
         out_shape = tuple(prepared.capture.output_shape)
         labels = labels_for(entry.spec.name, out_shape[0]) if len(out_shape) == 1 else None
