@@ -38,7 +38,8 @@ def test_a_trace_beside_a_serving_model_changes_neither() -> None:
             with torch.inference_mode():
                 while not stop.is_set():
                     y, _ = worker.infer(x, free=lambda: 1 << 30)
-                    assert torch.equal(y, expected)
+                    # a plan may run the batch in pieces: equal to model(x) up to rounding
+                    torch.testing.assert_close(y, expected)
                     runs[0] += 1
                     served.set()
         except BaseException as exc:  # noqa: BLE001 - reported by the test below
