@@ -70,6 +70,8 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=20.0)
     ap.add_argument("--warmup", type=float, default=3.0)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--log-level", default="info",
+                    help="vbs serve's, info as `make run` (with VBS_ACCESS_LOG=1 it prints a line a request)")
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "vbs-serve"))
     args = ap.parse_args()
     print("| round | client latency p50 (ms) | queue p50 | input p50 | infer p50 | output p50 | "
@@ -77,7 +79,7 @@ def main() -> None:
           "receive p50 |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for k in range(1, args.rounds + 1):
-        with vbs_serve(["--model", args.model, "--log-level", "warning"],
+        with vbs_serve(["--model", args.model, "--log-level", args.log_level],
                        {**os.environ, "VBS_CACHE_DIR": args.cache_dir}) as (_, url):
             before = httpx.get(f"{url}/metrics").text
             summary = asyncio.run(run_loadtest(url, args.model, clients=1,

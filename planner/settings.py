@@ -99,6 +99,10 @@ class Settings(BaseSettings):
     objective: Literal["time", "energy"] = Field(
         default="time", description="what the tables minimise: time, or energy where profiles "
                                     "carry measured energy")
+    access_log: bool = Field(
+        default=False, description="uvicorn's access log, a line per request at --log-level info "
+                                   "(vbs_requests counts them; the line costs the event loop "
+                                   "0.1-0.3 ms a request on a 2-core CPU)")
     api_key: SecretStr | None = Field(
         default=None, description="when set, inference and /plan need 'Authorization: Bearer KEY'")
     max_batch_delay_ms: float = Field(

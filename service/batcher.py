@@ -21,7 +21,10 @@ the event loop, one model runs one batch at a time; on the CPU every model of th
 shares one, see ``service.registry``): every request's samples are written into one reusable batch
 buffer (pinned host memory on CUDA, so the batch goes to the device in one transfer), the
 worker runs it, and each request gets its rows of the output as a view, encoded there by the
-request's own encoder (``submit(encode=...)``), so the response needs no further thread.
+request's own encoder (``submit(encode=...)``), so the response needs no further thread. That
+thread then answers all the batch's requests with one call on the loop (``_answer``): each
+handler resumes in the next turn and writes its response, and only then is the batch counted
+in the metrics (``_count``). A request's timeout is a timer on its own future.
 
 Per request, as Triton's perf_analyzer reports it (``Timing``): queue (from submit to the start
 of its batch), compute input (its decoding, done before submit, and its copy into the batch;
@@ -50,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from planner.errors import InfeasibleError
-from service.errors import UnavailableError
+from service.errors import RequestTimeoutError, UnavailableError
 from service.metrics import Metrics
 from workers.worker import RunInfo, Worker
 
@@ -115,9 +118,19 @@ class _Done:
     transfer_s: float  # the batch to the device and its output back: shared by its requests
     run_s: float
     limit: int
+    samples: int       # in the batch
 
 
 _STOP = object()
+
+
+class _Expired(Exception):
+    """A request's timeout went off (``Batcher.submit`` answers it with 504)."""
+
+
+def _expire(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(_Expired())
 
 
 class Batcher:
@@ -125,11 +138,12 @@ class Batcher:
 
     def __init__(self, name: str, worker: Worker, executor: Executor, *, max_delay_s: float,
                  max_queue: int, latency_target_s: float | None, metrics: Metrics,
-                 follow_up: float = 0.1,
+                 follow_up: float = 0.1, timeout_s: float | None = None,
                  table_version: Callable[[], int | None] = lambda: None) -> None:
         self.name = name
         self.worker = worker
         self.max_delay_s = max_delay_s
+        self.timeout_s = timeout_s  # a request not answered by then gets 504
         self.max_queue = max_queue
         self.latency_target_s = latency_target_s
         self.follow_up = follow_up
@@ -189,7 +203,8 @@ class Batcher:
 
     async def submit(self, x: np.ndarray, *, decode_s: float = 0.0,
                      encode: Encoder | None = None) -> Outcome:
-        """Queue ``x`` (N samples) and wait for its outputs; 503 when full or closing.
+        """Queue ``x`` (N samples) and wait for its outputs; 503 when full or closing, 504
+        when not answered within ``timeout_s``.
 
         ``decode_s`` is the time its decoding took (reported as part of compute input);
         ``encode`` turns its rows of the output into what the response sends, on the model's
@@ -204,17 +219,31 @@ class Batcher:
             raise UnavailableError(f"model {self.name}: {self._waiting} requests are waiting, "
                                    f"the most the queue holds (max_queue); retry shortly",
                                    retry_after=1)
-        pending = _Pending(x, asyncio.get_running_loop().create_future(), time.perf_counter(),
-                           decode_s, encode)
+        loop = asyncio.get_running_loop()
+        pending = _Pending(x, loop.create_future(), time.perf_counter(), decode_s, encode)
         self._waiting += 1
         self._queued_samples += pending.n
         self._m.queue_depth.set(self._waiting)
         self._queue.put_nowait(pending)
+        # the timeout as one timer on the request's own future (asyncio.wait_for would wrap
+        # this coroutine in a task of its own: a loop turn more for every answer)
+        timer = (loop.call_later(self.timeout_s, _expire, pending.future)
+                 if self.timeout_s is not None else None)
         try:
             return await pending.future
-        except asyncio.CancelledError:  # timed out or the client went: no ghost in the count
+        except _Expired:
+            self._uncount(pending)
+            self.metrics.rejected.labels(self.name, "timeout").inc()
+            raise RequestTimeoutError(
+                f"model {self.name}: no answer within {self.timeout_s:g} s (request_timeout_s): "
+                "the service is busy or the request is large; retry, or send fewer samples"
+            ) from None
+        except asyncio.CancelledError:  # the client went: no ghost in the count
             self._uncount(pending)
             raise
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     # ------------------------------------------------------------------ the loop
 
@@ -292,33 +321,58 @@ class Batcher:
         return batch, False
 
     async def _run(self, batch: list[_Pending]) -> None:
+        """Hand ``batch`` to the model's thread and wait until it has been answered: the thread
+        runs it, does the bookkeeping and answers every request in one call on the loop
+        (``_answer``), so an answer costs one loop turn after the batch."""
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        version = self._table_version()
+        answered: asyncio.Future[_Done | None] = loop.create_future()
         self.running = True
         self._running_samples = sum(p.n for p in batch)
         try:
-            done: _Done = await loop.run_in_executor(self._executor, self._infer, batch)
+            self._executor.submit(self._work, batch, started, self._table_version(), loop,
+                                  answered)
+            done = await answered
         except asyncio.CancelledError:
             for p in batch:
                 p.future.cancel()
             raise
-        except Exception as exc:  # noqa: BLE001 - the failure goes to every request of the batch
-            log.warning("%s: a batch of %d requests failed: %s", self.name, len(batch), exc)
-            for p in batch:
-                if not p.future.done():
-                    p.future.set_exception(exc)
+        except Exception as exc:  # noqa: BLE001 - e.g. the executor shut down: fail the batch
+            self._answer(batch, exc, answered)
             return
         finally:
             self.running = False
             self._running_samples = 0
-        self.gather_limit = done.limit
+        if done is not None:
+            self.gather_limit = done.limit
+            self._last = (done.samples, done.run_s, loop.time())
+
+    def _answer(self, batch: list[_Pending], result: list[Outcome | Exception] | Exception,
+                answered: asyncio.Future[Any], done: _Done | None = None) -> None:
+        """On the loop: every request of ``batch`` gets its outcome, or the batch's failure;
+        the batch is counted in the metrics after that, once its handlers have answered."""
+        if isinstance(result, Exception):
+            log.warning("%s: a batch of %d requests failed: %s", self.name, len(batch), result)
+            result = [result] * len(batch)
+        for p, outcome in zip(batch, result):
+            if p.future.done():  # timed out, or its client went
+                continue
+            if isinstance(outcome, Exception):
+                p.future.set_exception(outcome)
+            else:
+                p.future.set_result(outcome)
+        if not answered.done():
+            answered.set_result(done)
+        if done is not None:
+            # scheduled after the handlers' wake-ups: each writes its response first
+            asyncio.get_running_loop().call_soon(self._count, done, result)
+
+    def _count(self, done: _Done, result: list[Outcome | Exception]) -> None:
+        """The batch and its requests' breakdowns in the metrics."""
         info = done.info
-        total = sum(p.n for p in batch)
-        self._last = (total, done.run_s, loop.time())
         m = self._m
-        m.batch_size.observe(total)
-        m.samples.inc(total)
+        m.batch_size.observe(done.samples)
+        m.samples.inc(done.samples)
         m.run_time.observe(done.run_s)
         if info.oom_retries:
             m.oom_retries.inc(info.oom_retries)
@@ -330,19 +384,32 @@ class Batcher:
             last = info.choices[-1]
             m.free_memory.set(last.free_bytes)
             m.plan_peak.set(last.peak_bytes)
-        for p, (y, encoded, copy_s, encode_s) in zip(batch, done.rows):
-            timing = Timing(queue_s=started - p.submitted, input_s=p.decode_s + copy_s,
-                            infer_s=done.infer_s, output_s=done.transfer_s + encode_s,
-                            run_s=done.run_s)
-            m.observe_request(timing)
-            if p.future.done():
-                continue
-            if isinstance(encoded, Exception):  # only this request's encoding failed
-                p.future.set_exception(encoded)
-            else:
-                p.future.set_result(Outcome(y, encoded, info, total, timing, version))
+        for outcome in result:
+            if isinstance(outcome, Outcome):
+                m.observe_request(outcome.timing)
 
     # ------------------------------------------------------------------ the worker thread
+
+    def _work(self, batch: list[_Pending], started: float, version: int | None,
+              loop: asyncio.AbstractEventLoop, answered: asyncio.Future[Any]) -> None:
+        """On the model's thread: run the batch and answer it on the loop."""
+        done: _Done | None = None
+        result: list[Outcome | Exception] | Exception
+        try:
+            done = self._infer(batch)
+            result = [encoded if isinstance(encoded, Exception)  # only this request's failed
+                      else Outcome(y, encoded, done.info, done.samples,
+                                   Timing(queue_s=started - p.submitted,
+                                          input_s=p.decode_s + copy_s, infer_s=done.infer_s,
+                                          output_s=done.transfer_s + encode_s, run_s=done.run_s),
+                                   version)
+                      for p, (y, encoded, copy_s, encode_s) in zip(batch, done.rows)]
+        except Exception as exc:  # noqa: BLE001 - the failure goes to every request of the batch
+            result = exc
+        try:
+            loop.call_soon_threadsafe(self._answer, batch, result, answered, done)
+        except RuntimeError:  # the loop has closed: nobody is waiting any more
+            log.warning("%s: a batch finished after the event loop closed", self.name)
 
     def _batch_buffer(self, n: int) -> Any:
         """The reusable host buffer for n samples (pinned on CUDA), grown when a batch is larger."""
@@ -373,11 +440,15 @@ class Batcher:
             offset += p.n
         t1 = time.perf_counter()
         with torch.inference_mode():
-            x = buffer[:total].to(device=loaded.device, dtype=loaded.torch_dtype, non_blocking=True)
+            x = buffer[:total]
+            if x.device != loaded.device or x.dtype != loaded.torch_dtype:  # not on a CPU float32
+                x = x.to(device=loaded.device, dtype=loaded.torch_dtype, non_blocking=True)
             t2 = time.perf_counter()
             y, info = self.worker.infer(x)
             t3 = time.perf_counter()
-            y = y.detach().to(device="cpu", dtype=torch.float32)
+            y = y.detach()
+            if y.device.type != "cpu" or y.dtype != torch.float32:
+                y = y.to(device="cpu", dtype=torch.float32)
             if y.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr():
                 y = y.clone()  # a model that returns its input: the buffer is reused next batch
             out = y.numpy()
@@ -394,7 +465,7 @@ class Batcher:
             rows.append((mine, encoded, copy_s, time.perf_counter() - e0))
             offset += p.n
         return _Done(rows, info, infer_s=t3 - t2, transfer_s=(t2 - t1) + (t4 - t3),
-                     run_s=time.perf_counter() - t0, limit=self._next_limit())
+                     run_s=time.perf_counter() - t0, limit=self._next_limit(), samples=total)
 
     def _next_limit(self) -> int:
         """Samples the next batch may gather (runs in the worker thread: it reads free memory)."""

@@ -118,7 +118,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     log.info("serving %s on http://%s:%d (store %s)", ", ".join(settings.models), settings.host,
              settings.port, settings.store_location)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                log_level=args.log_level, timeout_graceful_shutdown=int(settings.request_timeout_s) + 5)
+                log_level=args.log_level, access_log=settings.access_log,
+                timeout_graceful_shutdown=int(settings.request_timeout_s) + 5)
     return 0
 
 

@@ -4,17 +4,32 @@
 ``app.state`` (tests may replace them with ``app.dependency_overrides``); ``BodyDep`` reads
 the request body up to ``max_body_bytes``, or ``max_json_bytes`` for JSON (413 beyond, before
 anything is parsed); ``require_api_key`` guards inference and /plan when ``api_key`` is set.
+
+The two inference routes are the exception: they are ``LeanRoute``s, which declare nothing
+but the request (and a path's model name) and call ``inference_call``, which does the same
+three things (API key, query parameters, body) with the same functions. FastAPI solves a
+route's dependencies anew on every request; for ``POST /infer``'s four dependencies and four
+query parameters that cost 0.2-0.3 ms of the event loop per request on a 2-core CPU, more than
+everything else the server does for a one-sample request (docs/benchmarks.md, section 5a).
+``lean_openapi`` documents what those routes read, from the same declarations (``InferQuery``,
+the bearer scheme).
 """
 
 from __future__ import annotations
 
 import secrets
 import time
-from typing import Annotated
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
+from fastapi.routing import APIRoute
+from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
+from starlette.responses import Response
 
 from planner.settings import Settings
 from service.errors import AuthError, PayloadTooLargeError, RequestError
@@ -43,17 +58,28 @@ MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 _bearer = HTTPBearer(auto_error=False, description="the service's API key (VBS_API_KEY), when set")
 
 
+def check_api_key(settings: Settings, token: str | None) -> None:
+    """401 unless ``token`` (the request's bearer token) is the API key, when one is set."""
+    if settings.api_key is None:
+        return
+    if not token:
+        raise AuthError("header Authorization: missing API key; send 'Authorization: Bearer <key>'")
+    expected = settings.api_key.get_secret_value().encode()
+    if not secrets.compare_digest(token.encode(), expected):
+        raise AuthError("header Authorization: the API key is not valid")
+
+
+def bearer_token(request: Request) -> str | None:
+    """The token of ``Authorization: Bearer <token>``, parsed as ``HTTPBearer`` parses it."""
+    scheme, token = get_authorization_scheme_param(request.headers.get("authorization"))
+    return token if scheme.lower() == "bearer" and token else None
+
+
 async def require_api_key(
         settings: SettingsDep,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
     """401 unless the request carries ``Authorization: Bearer <api_key>`` (when one is set)."""
-    if settings.api_key is None:
-        return
-    if credentials is None:
-        raise AuthError("header Authorization: missing API key; send 'Authorization: Bearer <key>'")
-    expected = settings.api_key.get_secret_value().encode()
-    if not secrets.compare_digest(credentials.credentials.encode(), expected):
-        raise AuthError("header Authorization: the API key is not valid")
+    check_api_key(settings, credentials.credentials if credentials is not None else None)
 
 
 ApiKey = Depends(require_api_key)
@@ -97,6 +123,8 @@ async def read_body(request: Request, settings: SettingsDep) -> bytes:
     size = 0
     try:
         async for chunk in request.stream():
+            if not chunk:  # the stream's closing b""
+                continue
             size += len(chunk)
             if size > limit:
                 raise PayloadTooLargeError(f"body: more than the {limit} {what} allowed "
@@ -104,10 +132,86 @@ async def read_body(request: Request, settings: SettingsDep) -> bytes:
             chunks.append(chunk)
     except ClientDisconnect as exc:
         raise RequestError("body: the client went away before sending all of it") from exc
-    body = b"".join(chunks)
+    # one chunk is the body as it came (no copy); several are joined, the one copy a body gets
+    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     request._body = body  # noqa: SLF001 - Starlette's cache: request.form() reads it from here
     request.state.vbs_receive_s = time.perf_counter() - started
     return body
 
 
 BodyDep = Annotated[bytes, Depends(read_body)]
+
+
+# -- the inference routes (see the module doc) ----------------------------------------------
+
+
+class InferQuery(BaseModel):
+    """``POST /infer``'s query parameters."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    model: str | None = Field(None, description="served model name; default: the only one")
+    top_k: int | None = Field(None, ge=1, description="return the k best labels")
+    shape: str | None = Field(None, description="octet-stream: the tensor's shape")
+    dtype: str | None = Field(None, description="octet-stream: the values' dtype")
+
+
+class NoQuery(BaseModel):
+    """A route that reads no query parameters."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+Q = TypeVar("Q", bound=BaseModel)
+
+
+async def inference_call(request: Request, query: type[Q]) -> tuple[Q, bytes]:
+    """What an inference route's dependencies would give it: the API key checked, the query
+    parameters validated (400 naming the parameter, as FastAPI's own) and the body read."""
+    settings: Settings = request.app.state.settings
+    check_api_key(settings, bearer_token(request))
+    params = request.query_params
+    try:
+        parsed = query.model_validate({k: params[k] for k in query.model_fields if k in params})
+    except ValidationError as exc:
+        raise RequestValidationError([{**e, "loc": ("query", *e["loc"])}
+                                      for e in exc.errors(include_url=False)]) from exc
+    return parsed, await read_body(request, settings)
+
+
+def lean_openapi(query: type[BaseModel], extra: dict[str, Any]) -> dict[str, Any]:
+    """``openapi_extra`` for a route that calls ``inference_call``: its query parameters (from
+    ``query``), the bearer scheme ``require_api_key`` documents, and ``extra``."""
+    schema = query.model_json_schema()
+    parameters = [{"name": name, "in": "query", "required": False,
+                   "description": prop.get("description", ""),
+                   "schema": {k: v for k, v in prop.items() if k != "description"}}
+                  for name, prop in schema.get("properties", {}).items()]
+    return {**extra, "parameters": parameters, "security": [{_bearer.scheme_name: []}]}
+
+
+class LeanRoute(APIRoute):
+    """A route whose endpoint takes the request and its path parameters (strings) and nothing
+    else: FastAPI documents it from its signature and ``openapi_extra`` as any route, and each
+    request calls it directly (FastAPI's customisation point ``get_route_handler``), without
+    solving dependencies or reading the body for it. A route given dependencies or other
+    parameters is refused when it is built: they would silently not run."""
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        super().__init__(path, endpoint, **kwargs)
+        d = self.dependant
+        other = [f.name for f in (*d.query_params, *d.header_params, *d.cookie_params,
+                                  *d.body_params)]
+        other += [f.name for f in d.path_params if f.field_info.annotation is not str]
+        if d.dependencies or other or d.request_param_name is None:
+            raise TypeError(f"LeanRoute {path}: the endpoint {endpoint.__name__} may take only "
+                            "the request and str path parameters, and no dependencies "
+                            f"(found {other or 'dependencies'}); use a plain APIRoute")
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        endpoint = self.endpoint
+
+        async def handle(request: Request) -> Response:
+            return await endpoint(request, **request.path_params)
+
+        return handle

@@ -374,6 +374,7 @@ class Registry:
                           max_queue=self.settings.max_queue,
                           latency_target_s=self.settings.latency_target_s, metrics=self.metrics,
                           follow_up=self.settings.batch_follow_up,
+                          timeout_s=self.settings.request_timeout_s,
                           table_version=lambda: entry.table_version)
         weights, minimums = self.settings.memory_weights, self.settings.memory_minimums
         entry.worker.arbiter.register(entry.name, lambda: entry.worker.table, batcher.demand,

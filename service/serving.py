@@ -13,7 +13,6 @@ compute input, compute infer, compute output, as Triton's perf_analyzer reports 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from typing import Any
 import numpy as np
 import orjson
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import Headers, UploadFile
+from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request
@@ -31,8 +30,8 @@ from starlette.responses import Response
 from planner.settings import Settings
 from service import codecs
 from service.batcher import Outcome
-from service.errors import (PayloadTooLargeError, RequestTimeoutError, UnsupportedMediaError,
-                            field_error)
+from service.deps import InferQuery
+from service.errors import PayloadTooLargeError, UnsupportedMediaError, field_error
 from service.registry import ModelEntry, Registry
 
 JSON_TYPES = ("application/json", "text/json")
@@ -102,15 +101,16 @@ def _check_top_k(entry: ModelEntry, k: int | None) -> int | None:
     return k
 
 
-async def decode_infer(request: Request, body: bytes, registry: Registry, settings: Settings,
-                       *, model: str | None, top_k: int | None,
-                       shape: str | None, dtype: str | None) -> Decoded:
-    """A ``POST /infer`` request (its ``body`` read already) as samples of the model it names
-    (see ``service.codecs``)."""
+async def decode_infer(request: Request, body: bytes, query: InferQuery) -> Decoded:
+    """A ``POST /infer`` request (its ``body`` read, its ``query`` validated already) as
+    samples of the model it names (see ``service.codecs``)."""
+    registry: Registry = request.app.state.registry
+    settings: Settings = request.app.state.settings
     headers, state = request.headers, request.state
+    model, shape, dtype = query.model, query.shape, query.dtype
     kind = media_type(headers) or "application/json"
     limit = settings.max_samples_per_request
-    top_k = codecs.parse_top_k(top_k)
+    top_k = codecs.parse_top_k(query.top_k)
 
     def named(name: str | None) -> ModelEntry:
         entry = registry.ready_entry(name)
@@ -201,10 +201,13 @@ async def _multipart(request: Request, max_samples: int
     return parts, fields
 
 
-async def decode_v2(headers: Headers, body: bytes, entry: ModelEntry, settings: Settings
-                    ) -> Decoded:
+async def decode_v2(request: Request, name: str, body: bytes) -> Decoded:
     """An OIP v2 request to ``/v2/models/{name}/infer`` (JSON, or binary tensors)."""
-    header = headers.get("inference-header-content-length")
+    registry: Registry = request.app.state.registry
+    settings: Settings = request.app.state.settings
+    entry = registry.ready_entry(name)
+    request.state.vbs_model = entry.name
+    header = request.headers.get("inference-header-content-length")
 
     def decode(data: bytes) -> tuple[codecs.V2Request, np.ndarray]:
         req = codecs.parse_v2(data, header)
@@ -217,20 +220,13 @@ async def decode_v2(headers: Headers, body: bytes, entry: ModelEntry, settings: 
     return Decoded(entry, x, v2=req, decode_s=spent)
 
 
-async def run(decoded: Decoded, settings: Settings, state: Any) -> Outcome:
-    """Queue the samples on the model's batcher; 504 when not answered within the timeout."""
+async def run(decoded: Decoded, state: Any) -> Outcome:
+    """Queue the samples on the model's batcher; 504 when not answered within
+    ``request_timeout_s`` (the batcher's)."""
     entry = decoded.entry
     assert entry.batcher is not None
-    timeout = settings.request_timeout_s
-    try:
-        outcome = await asyncio.wait_for(
-            entry.batcher.submit(decoded.x, decode_s=decoded.decode_s, encode=decoded.encoder()),
-            timeout)
-    except asyncio.TimeoutError as exc:
-        entry.batcher.metrics.rejected.labels(entry.name, "timeout").inc()
-        raise RequestTimeoutError(
-            f"model {entry.name}: no answer within {timeout:g} s (request_timeout_s): the service "
-            "is busy or the request is large; retry, or send fewer samples") from exc
+    outcome = await entry.batcher.submit(decoded.x, decode_s=decoded.decode_s,
+                                         encode=decoded.encoder())
     state.vbs_timing = outcome.timing  # the middleware counts what the rest of the server took
     state.vbs_outcome = outcome  # and records it for the live view (service.live)
     return outcome

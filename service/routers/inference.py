@@ -1,17 +1,20 @@
-"""``POST /infer``: tensors (JSON, .npy, raw bytes) or images in, outputs or top-k labels out."""
+"""``POST /infer``: tensors (JSON, .npy, raw bytes) or images in, outputs or top-k labels out.
+
+A ``LeanRoute``: the handler declares only the request; ``inference_call`` checks the API
+key, validates the query (``InferQuery``) and reads the body without FastAPI's per-request
+dependency solving (see ``service.deps``); ``lean_openapi`` documents both.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from service import serving
-from service.deps import ApiKey, BodyDep, RegistryDep, SettingsDep
+from service.deps import InferQuery, LeanRoute, inference_call, lean_openapi
 from service.errors import error_responses
 
-router = APIRouter(tags=["inference"], dependencies=[ApiKey])
+router = APIRouter(tags=["inference"], route_class=LeanRoute)
 
 _BODY = {
     "requestBody": {
@@ -49,17 +52,11 @@ _ERRORS = error_responses({
 })
 
 
-@router.post("/infer", openapi_extra=_BODY, responses=_ERRORS,
+@router.post("/infer", openapi_extra=lean_openapi(InferQuery, _BODY), responses=_ERRORS,
              summary="Run samples through a model with the plan for the memory free now")
-async def post_infer(
-        request: Request, registry: RegistryDep, settings: SettingsDep, body: BodyDep,
-        model: Annotated[str | None, Query(description="served model name; default: the only one")] = None,
-        top_k: Annotated[int | None, Query(ge=1, description="return the k best labels")] = None,
-        shape: Annotated[str | None, Query(description="octet-stream: the tensor's shape")] = None,
-        dtype: Annotated[str | None, Query(description="octet-stream: the values' dtype")] = None,
-) -> Response:
+async def post_infer(request: Request) -> Response:
     request.state.vbs_endpoint = "infer"
-    decoded = await serving.decode_infer(request, body, registry, settings,
-                                         model=model, top_k=top_k, shape=shape, dtype=dtype)
-    outcome = await serving.run(decoded, settings, request.state)
+    query, body = await inference_call(request, InferQuery)
+    decoded = await serving.decode_infer(request, body, query)
+    outcome = await serving.run(decoded, request.state)
     return serving.infer_response(decoded, outcome)

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from service import codecs, serving
-from service.deps import ApiKey, BodyDep, RegistryDep, SettingsDep
+from service.deps import LeanRoute, NoQuery, RegistryDep, inference_call, lean_openapi
 from service.errors import BAD_REQUEST, NO_MODEL, NOT_READY, error_responses
 from service.routers.health import readiness
 
@@ -66,19 +66,23 @@ async def get_model_ready(name: str, registry: RegistryDep) -> JSONResponse:
                         status_code=503, headers={"Retry-After": "5"})
 
 
-@router.post("/models/{name}/infer", dependencies=[ApiKey], summary="Inference (OIP v2)",
-             responses=error_responses({
-                 400: "a bad tensor ({\"error\": ...} names the field)",
-                 401: "missing or wrong API key", 404: "no such model",
-                 413: "body or samples over the limit (max_body_bytes, max_json_bytes, "
-                      "max_samples_per_request)",
-                 503: "loading, queue full, shutting down or no memory now (Retry-After)",
-                 504: "not answered within request_timeout_s"}))
-async def post_model_infer(name: str, request: Request, registry: RegistryDep,
-                           settings: SettingsDep, body: BodyDep) -> Response:
+async def post_model_infer(request: Request, name: str) -> Response:
+    """A ``LeanRoute``: declares only the request and the path (see
+    ``service.routers.inference``)."""
     request.state.vbs_endpoint = "v2_infer"
-    entry = registry.ready_entry(name)
-    request.state.vbs_model = entry.name
-    decoded = await serving.decode_v2(request.headers, body, entry, settings)
-    outcome = await serving.run(decoded, settings, request.state)
+    _, body = await inference_call(request, NoQuery)
+    decoded = await serving.decode_v2(request, name, body)
+    outcome = await serving.run(decoded, request.state)
     return serving.v2_response(decoded, outcome)
+
+
+router.add_api_route(
+    "/models/{name}/infer", post_model_infer, methods=["POST"], route_class_override=LeanRoute,
+    openapi_extra=lean_openapi(NoQuery, {}), summary="Inference (OIP v2)",
+    responses=error_responses({
+        400: "a bad tensor ({\"error\": ...} names the field)",
+        401: "missing or wrong API key", 404: "no such model",
+        413: "body or samples over the limit (max_body_bytes, max_json_bytes, "
+             "max_samples_per_request)",
+        503: "loading, queue full, shutting down or no memory now (Retry-After)",
+        504: "not answered within request_timeout_s"}))
