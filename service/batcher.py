@@ -8,13 +8,20 @@ no queue delay). While a batch runs, new requests queue, so under load the next 
 from the queue that built up meanwhile. ``max_batch_delay_ms`` > 0 makes the loop wait that
 long for company after the first request. A failure goes to every future of its batch.
 
-The follow-up window. Closed-loop clients (each sends its next request when its answer comes)
-fall into ping-pong without it: measured with 8 one-sample clients on mobilenet_v2, batches
-alternated between 1 sample and 7 (the 7 answered clients were still sending when the model
-freed, so the first of them ran alone). So when the model frees within ``follow_up`` x (the
-last batch's run time) of the last batch's end, and fewer samples wait than that batch ran,
-the loop waits for them until that window closes: at most a tenth of a batch (the default),
-and never when the model is idle (no batch just ended) or with a single client.
+Waiting for the last batch's clients, by the table. Closed-loop clients (each sends its next
+request when its answer comes) split into cohorts that take turns: measured with 8 one-sample
+clients on mobilenet_v2, batches of 4 alternated, each running while the other 4 clients were
+away, although the table says 8 samples run in 123 ms where two batches of 4 take 167 ms. So
+when the model frees and n samples wait while k of the samples the last batch answered have
+not come back yet (k = its samples minus those that arrived since it ended), the loop may wait
+for them: running n and k together in one batch instead of n now and k after saves
+t(n) + t(k) - t(n + k), every t read from the table for the memory free now (computed on the
+model's thread after each batch, one lookup per request size), and that saving is what the
+wait may cost without losing throughput. The loop waits at most ``follow_up`` x that saving,
+counted from the end of the last batch, and stops as soon as the k are back (or the gather
+limit is reached). Nothing waits when no such saving exists, nor for a single client (its one
+sample is the one that came back), nor long after the last batch ended. ``follow_up`` = 0
+turns it off; ``max_batch_delay_ms`` > 0 replaces it with a fixed delay.
 
 On the torch thread the registry gives it (``executor``: a single thread; torch never runs on
 the event loop, one model runs one batch at a time; on the CPU every model of the process
@@ -117,7 +124,8 @@ class _Done:
     infer_s: float
     transfer_s: float  # the batch to the device and its output back: shared by its requests
     run_s: float
-    limit: int
+    limit: int         # the next batch's gather limit
+    times: tuple[float, ...]  # predicted seconds per request size for the memory free now
     samples: int       # in the batch
 
 
@@ -138,7 +146,7 @@ class Batcher:
 
     def __init__(self, name: str, worker: Worker, executor: Executor, *, max_delay_s: float,
                  max_queue: int, latency_target_s: float | None, metrics: Metrics,
-                 follow_up: float = 0.1, timeout_s: float | None = None,
+                 follow_up: float = 1.0, timeout_s: float | None = None,
                  table_version: Callable[[], int | None] = lambda: None) -> None:
         self.name = name
         self.worker = worker
@@ -147,7 +155,9 @@ class Batcher:
         self.max_queue = max_queue
         self.latency_target_s = latency_target_s
         self.follow_up = follow_up
-        self._last = (0, 0.0, 0.0)  # the last batch: samples, run seconds, loop time it ended
+        self._last = (0, 0.0)       # the last batch: samples, perf_counter() when it was answered
+        self._since_last = 0        # samples submitted since then (its clients coming back)
+        self._times: tuple[float, ...] = ()  # predicted seconds per request size (see _outlook)
         self.metrics = metrics
         self._m = metrics.for_model(name)
         self._table_version = table_version
@@ -167,7 +177,7 @@ class Batcher:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self.gather_limit = await loop.run_in_executor(self._executor, self._next_limit)
+        self.gather_limit, self._times = await loop.run_in_executor(self._executor, self._outlook)
         self._task = asyncio.create_task(self._loop(), name=f"vbs-batcher-{self.name}")
 
     async def close(self, timeout_s: float | None = None) -> None:
@@ -223,6 +233,7 @@ class Batcher:
         pending = _Pending(x, loop.create_future(), time.perf_counter(), decode_s, encode)
         self._waiting += 1
         self._queued_samples += pending.n
+        self._since_last += pending.n
         self._m.queue_depth.set(self._waiting)
         self._queue.put_nowait(pending)
         # the timeout as one timer on the request's own future (asyncio.wait_for would wrap
@@ -288,19 +299,15 @@ class Batcher:
         limit = max(1, self.gather_limit)
         n = batch[0].n
         deadline = loop.time() + self.max_delay_s
-        last_samples, last_run_s, last_end = self._last
-        follow_until = last_end + self.follow_up * last_run_s  # see "the follow-up window"
         while n < limit:
             try:
                 item = self._queue.get_nowait()  # everything already waiting, at once
             except asyncio.QueueEmpty:
                 if self.max_delay_s > 0:
                     remaining = deadline - loop.time()
-                elif n < last_samples:
-                    remaining = follow_until - loop.time()
                 else:
-                    break
-                if remaining <= 0:  # no delay configured (the default): run what is here now
+                    remaining = self._follow_up_left(n, limit, batch[0].submitted)
+                if remaining <= 0:  # nothing to wait for (the default when idle): run it now
                     break
                 try:
                     item = await asyncio.wait_for(self._queue.get(), remaining)
@@ -320,19 +327,36 @@ class Batcher:
             n += item.n
         return batch, False
 
+    def _follow_up_left(self, n: int, limit: int, first_submitted: float) -> float:
+        """Seconds the batch of ``n`` samples may still wait for the last batch's clients (see
+        "Waiting for the last batch's clients"); 0 or less: run it now. With a latency target,
+        never so long that the merged batch would end after its first request's target."""
+        last_samples, answered_at = self._last
+        k = min(last_samples - self._since_last, limit - n)
+        times = self._times
+        if k <= 0 or self.follow_up <= 0 or n + k >= len(times):
+            return 0.0
+        saving = times[n] + times[k] - times[n + k]  # inf - inf is nan: not > 0, no wait
+        if not saving > 0:
+            return 0.0
+        until = answered_at + self.follow_up * saving
+        if self.latency_target_s is not None:
+            until = min(until, first_submitted + self.latency_target_s - times[n + k])
+        return until - time.perf_counter()
+
     async def _run(self, batch: list[_Pending]) -> None:
         """Hand ``batch`` to the model's thread and wait until it has been answered: the thread
         runs it, does the bookkeeping and answers every request in one call on the loop
         (``_answer``), so an answer costs one loop turn after the batch."""
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        answered: asyncio.Future[_Done | None] = loop.create_future()
+        answered: asyncio.Future[None] = loop.create_future()
         self.running = True
         self._running_samples = sum(p.n for p in batch)
         try:
             self._executor.submit(self._work, batch, started, self._table_version(), loop,
                                   answered)
-            done = await answered
+            await answered
         except asyncio.CancelledError:
             for p in batch:
                 p.future.cancel()
@@ -343,9 +367,6 @@ class Batcher:
         finally:
             self.running = False
             self._running_samples = 0
-        if done is not None:
-            self.gather_limit = done.limit
-            self._last = (done.samples, done.run_s, loop.time())
 
     def _answer(self, batch: list[_Pending], result: list[Outcome | Exception] | Exception,
                 answered: asyncio.Future[Any], done: _Done | None = None) -> None:
@@ -362,8 +383,10 @@ class Batcher:
             else:
                 p.future.set_result(outcome)
         if not answered.done():
-            answered.set_result(done)
-        if done is not None:
+            answered.set_result(None)
+        if done is not None:  # what the next batch is gathered by
+            self.gather_limit, self._times = done.limit, done.times
+            self._last, self._since_last = (done.samples, time.perf_counter()), 0
             # scheduled after the handlers' wake-ups: each writes its response first
             asyncio.get_running_loop().call_soon(self._count, done, result)
 
@@ -464,18 +487,21 @@ class Batcher:
                 encoded = exc
             rows.append((mine, encoded, copy_s, time.perf_counter() - e0))
             offset += p.n
+        limit, times = self._outlook()
         return _Done(rows, info, infer_s=t3 - t2, transfer_s=(t2 - t1) + (t4 - t3),
-                     run_s=time.perf_counter() - t0, limit=self._next_limit(), samples=total)
+                     run_s=time.perf_counter() - t0, limit=limit, times=times, samples=total)
 
-    def _next_limit(self) -> int:
-        """Samples the next batch may gather (runs in the worker thread: it reads free memory)."""
+    def _outlook(self) -> tuple[int, tuple[float, ...]]:
+        """The next batch's gather limit and the table's predicted seconds per request size
+        for the memory free now (on the model's thread: it reads free memory)."""
+        table, free = self.worker.table, self.worker.allowance()
+        times = table.times_within(free)
         if self.latency_target_s is None:
-            return self.worker.batch_max
+            return self.worker.batch_max, times
         try:
-            return self.worker.table.largest_batch_within(self.worker.allowance(),
-                                                          self.latency_target_s)
+            return table.largest_batch_within(free, self.latency_target_s), times
         except InfeasibleError:
-            return 1
+            return 1, times
 
     def _fail_waiting(self, exc: Exception) -> None:
         pending = [self._carry] if self._carry is not None else []

@@ -178,6 +178,18 @@ class PlanTable:
         row = self.row(r)
         return [(int(peak), self.plan(int(p), r, int(peak))) for peak, p in zip(row.peaks, row.plans)]
 
+    def times_within(self, free_bytes: int) -> tuple[float, ...]:
+        """Predicted seconds of the best plan of each request size that fits in ``free_bytes``:
+        element r for r samples (element 0 is 0.0; infinity where no plan of r fits). One
+        lookup per request size."""
+        times = [0.0]
+        for r in range(1, self.batch_max + 1):
+            try:
+                times.append(float(self.plans[self.find(r, free_bytes)].time_total))
+            except InfeasibleError:
+                times.append(math.inf)
+        return tuple(times)
+
     def largest_batch_within(self, free_bytes: int, latency_s: float) -> int:
         """The paper's latency bound: the largest r whose plan for ``free_bytes`` finishes all
         r samples within ``latency_s`` seconds; InfeasibleError if none does."""

@@ -157,6 +157,20 @@ def test_largest_fitting_request_is_a_lookup(tables):
             assert t.largest_fitting(r, free) == want
 
 
+def test_times_within_are_the_lookups_time_for_every_request_size(tables):
+    """What the batcher reads after each batch: one lookup per request size, inf where no
+    plan of that size fits."""
+    t = tables["vbs"]
+    for free in _budgets(tables, 6):
+        times = t.times_within(free)
+        assert len(times) == t.batch_max + 1 and times[0] == 0.0
+        for r in range(1, t.batch_max + 1):
+            if t.min_peaks[r - 1] <= free:
+                assert times[r] == t.lookup(r, free).time_total
+            else:
+                assert times[r] == math.inf
+
+
 def test_top_plan_is_at_least_as_good_as_all_layers_at_batch_b(tables):
     inst = build_instance(PROFILE)
     all_b = sum(u.time_at(6) for u in inst.global_units)

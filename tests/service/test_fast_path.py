@@ -5,8 +5,10 @@ at most two thread hops per request, and on the CPU all torch work runs on one t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,8 +18,11 @@ import torchvision
 from PIL import Image
 
 from planner.settings import Settings
+from planner.solver.table import build_table
+from planner.tree import Layer, Profile
 from service import codecs, serving
 from service.main import create_app
+from workers.worker import Worker
 from tests.service.conftest import (TINY_SHAPE, Gate, assert_close, reference, run, running,
                                     wait_until)
 
@@ -186,22 +191,77 @@ def test_image_preprocessing_is_torchvision_s_without_torch() -> None:
     assert np.array_equal(pre(image), weights.transforms()(image).numpy())
 
 
-def test_the_follow_up_window_waits_only_right_after_a_larger_batch(
-        make_settings: Callable[..., Settings]) -> None:
-    """Closed-loop clients: a batch of 2 just ended, one request waits for the other to come back
-    (within a tenth of that batch's run time); long after, a lone request runs alone."""
-    app = create_app(make_settings(max_batch_delay_ms=0, batch_follow_up=0.1))
+def _costed(profile: Profile, fixed_s: float) -> Profile:
+    """``profile`` with a table-making cost per call: ``fixed_s`` + 1 ms a sample per layer and
+    no workspaces. With a fixed cost, one batch of n + k samples is predicted to save
+    (layers x ``fixed_s``) over a batch of n and one of k; without, nothing."""
+    def redo(node: Any) -> Any:
+        if isinstance(node, Layer):
+            b = range(1, len(node.time) + 1)
+            return dataclasses.replace(node, time=tuple(fixed_s + 1e-3 * k for k in b),
+                                       ws=tuple(0 for _ in b))
+        return dataclasses.replace(node, children=tuple(redo(c) for c in node.children))
+    return dataclasses.replace(profile, root=redo(profile.root))
+
+
+async def _with_costs(app: Any, fixed_s: float) -> Any:
+    """The tiny model's batcher, its worker on a table of ``_costed`` times (one batch run so
+    the batcher has read them)."""
+    entry = app.state.registry.entries["tiny"]
+    worker = Worker(entry.prepared.capture,
+                    build_table(_costed(entry.prepared.profile, fixed_s), slot_bytes=64),
+                    entry.worker.probe)
+    entry.worker = entry.batcher.worker = worker
+    await entry.batcher.submit(x_(1, 0))
+    return entry.batcher
+
+
+def _just_answered(batcher: Any, samples: int, ago_s: float = 0.0) -> None:
+    """As if a batch of ``samples`` was answered ``ago_s`` seconds ago, none of its clients back."""
+    batcher._last = (samples, time.perf_counter() - ago_s)
+    batcher._since_last = 0
+
+
+@pytest.mark.parametrize("fixed_s", [30.0])
+def test_the_batcher_waits_for_the_last_batch_s_clients_when_the_table_says_it_pays(
+        make_settings: Callable[..., Settings], fixed_s: float) -> None:
+    """Closed-loop clients: a batch of 2 was just answered; the first client back waits for the
+    second (the table says one batch of 2 saves 2 x 30 s over two of 1), and they run as one."""
+    app = create_app(make_settings(max_batch_delay_ms=0, batch_follow_up=1.0))
 
     async def main() -> None:
         async with running(app):
-            batcher = app.state.registry.entries["tiny"].batcher
-            loop = asyncio.get_running_loop()
-            batcher._last = (2, 600.0, loop.time())  # 2 samples ran for 10 min, just now
+            batcher = await _with_costs(app, fixed_s)
+            assert batcher._times[1] * 2 - batcher._times[2] == pytest.approx(2 * fixed_s)
+            _just_answered(batcher, 2)
             a = asyncio.create_task(batcher.submit(x_(1, 1)))
             await wait_until(lambda: batcher.waiting == 0, what="the first request taken")
+            assert not a.done()  # waiting for the other client, not running alone
             b = asyncio.create_task(batcher.submit(x_(1, 2)))
             assert (await a).batch_samples == 2 == (await b).batch_samples
-            batcher._last = (2, 600.0, loop.time() - 3600)  # an hour ago: the model is idle
-            assert (await batcher.submit(x_(1, 3))).batch_samples == 1
+            # and the outputs are still each request's own
+            entry = app.state.registry.entries["tiny"]
+            np.testing.assert_allclose((await a).y, reference(entry, x_(1, 1)), rtol=1e-4,
+                                       atol=1e-5)
+
+    run(main())
+
+
+@pytest.mark.parametrize("case", ["no saving", "single client", "long ago", "turned off"])
+def test_the_batcher_runs_at_once_when_waiting_cannot_pay(
+        make_settings: Callable[..., Settings], case: str) -> None:
+    """No wait (a wait would be 60 s, past the test's bound): when the table predicts no saving,
+    when the one client of the last batch is the one back, when the last batch ended long
+    ago, or with ``batch_follow_up`` = 0."""
+    app = create_app(make_settings(max_batch_delay_ms=0,
+                                   batch_follow_up=0.0 if case == "turned off" else 1.0))
+
+    async def main() -> None:
+        async with running(app):
+            batcher = await _with_costs(app, 0.0 if case == "no saving" else 30.0)
+            _just_answered(batcher, 1 if case == "single client" else 2,
+                           ago_s=3600.0 if case == "long ago" else 0.0)
+            outcome = await asyncio.wait_for(batcher.submit(x_(1, 1)), 20)
+            assert outcome.batch_samples == 1 and outcome.queue_s < 10
 
     run(main())
