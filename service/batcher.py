@@ -124,8 +124,6 @@ class _Done:
     infer_s: float
     transfer_s: float  # the batch to the device and its output back: shared by its requests
     run_s: float
-    limit: int         # the next batch's gather limit
-    times: tuple[float, ...]  # predicted seconds per request size for the memory free now
     samples: int       # in the batch
 
 
@@ -334,8 +332,8 @@ class Batcher:
         last_samples, answered_at = self._last
         k = min(last_samples - self._since_last, limit - n)
         times = self._times
-        if k <= 0 or self.follow_up <= 0 or n + k >= len(times):
-            return 0.0
+        if k <= 0 or self.follow_up <= 0 or n + k >= len(times) or self._closing:
+            return 0.0  # (closing: nobody is let in to wait for)
         saving = times[n] + times[k] - times[n + k]  # inf - inf is nan: not > 0, no wait
         if not saving > 0:
             return 0.0
@@ -384,8 +382,7 @@ class Batcher:
                 p.future.set_result(outcome)
         if not answered.done():
             answered.set_result(None)
-        if done is not None:  # what the next batch is gathered by
-            self.gather_limit, self._times = done.limit, done.times
+        if done is not None:
             self._last, self._since_last = (done.samples, time.perf_counter()), 0
             # scheduled after the handlers' wake-ups: each writes its response first
             asyncio.get_running_loop().call_soon(self._count, done, result)
@@ -431,8 +428,14 @@ class Batcher:
             result = exc
         try:
             loop.call_soon_threadsafe(self._answer, batch, result, answered, done)
+            # then, off the answers' path: what the next batch is gathered by (it reads the
+            # memory free now; a batch gathered meanwhile goes by the reading before)
+            loop.call_soon_threadsafe(self._look_ahead, self._outlook())
         except RuntimeError:  # the loop has closed: nobody is waiting any more
             log.warning("%s: a batch finished after the event loop closed", self.name)
+
+    def _look_ahead(self, outlook: tuple[int, tuple[float, ...]]) -> None:
+        self.gather_limit, self._times = outlook
 
     def _batch_buffer(self, n: int) -> Any:
         """The reusable host buffer for n samples (pinned on CUDA), grown when a batch is larger."""
@@ -487,9 +490,8 @@ class Batcher:
                 encoded = exc
             rows.append((mine, encoded, copy_s, time.perf_counter() - e0))
             offset += p.n
-        limit, times = self._outlook()
         return _Done(rows, info, infer_s=t3 - t2, transfer_s=(t2 - t1) + (t4 - t3),
-                     run_s=time.perf_counter() - t0, limit=limit, times=times, samples=total)
+                     run_s=time.perf_counter() - t0, samples=total)
 
     def _outlook(self) -> tuple[int, tuple[float, ...]]:
         """The next batch's gather limit and the table's predicted seconds per request size

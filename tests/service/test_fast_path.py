@@ -15,12 +15,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torchvision
+from fastapi import APIRouter, Depends, Request
 from PIL import Image
 
 from planner.settings import Settings
 from planner.solver.table import build_table
 from planner.tree import Layer, Profile
 from service import codecs, serving
+from service.deps import LeanRoute
 from service.main import create_app
 from workers.worker import Worker
 from tests.service.conftest import (TINY_SHAPE, Gate, assert_close, reference, run, running,
@@ -213,6 +215,8 @@ async def _with_costs(app: Any, fixed_s: float) -> Any:
                     entry.worker.probe)
     entry.worker = entry.batcher.worker = worker
     await entry.batcher.submit(x_(1, 0))
+    expected = worker.table.times_within(worker.allowance())
+    await wait_until(lambda: entry.batcher._times == expected, what="the new table's times read")
     return entry.batcher
 
 
@@ -265,3 +269,24 @@ def test_the_batcher_runs_at_once_when_waiting_cannot_pay(
             assert outcome.batch_samples == 1 and outcome.queue_s < 10
 
     run(main())
+
+
+def test_a_lean_route_refuses_what_it_would_not_run() -> None:
+    """A LeanRoute calls its endpoint with the request and str path parameters only: a query
+    parameter, a non-str path parameter or a dependency would silently be skipped, so such a
+    route is refused when it is built."""
+    async def ok(request: Request, name: str) -> None: ...
+    async def bare(request: Request) -> None: ...
+    async def query(request: Request, top_k: int = 1) -> None: ...
+    async def number(request: Request, name: int) -> None: ...
+    async def dependency(request: Request, x: Any = Depends(lambda: 1)) -> None: ...
+
+    router = APIRouter(route_class=LeanRoute)
+    router.add_api_route("/ok/{name}", ok, methods=["POST"])
+    for path, endpoint in (("/q", query), ("/n/{name}", number), ("/d", dependency)):
+        with pytest.raises(TypeError, match="LeanRoute"):
+            router.add_api_route(path, endpoint, methods=["POST"])
+    with pytest.raises(TypeError, match="LeanRoute"):
+        APIRouter(route_class=LeanRoute, dependencies=[Depends(lambda: 1)]).add_api_route(
+            "/r", bare, methods=["POST"])
+    router.add_api_route("/bare", bare, methods=["POST"])

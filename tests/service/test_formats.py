@@ -244,6 +244,16 @@ def test_models_docs_and_openapi(client: httpx.Client) -> None:
         assert path in paths
     assert client.get("/docs").status_code == 200
     assert_error(client.get("/no/such/endpoint"), 404, "/no/such/endpoint")
+    # the inference routes declare only the request: what they read is documented all the same
+    infer = paths["/infer"]["post"]
+    params = {p["name"]: p for p in infer["parameters"]}
+    assert set(params) == {"model", "top_k", "shape", "dtype"}
+    assert all(p["in"] == "query" and not p["required"] for p in params.values())
+    assert {"type": "integer", "minimum": 1} in params["top_k"]["schema"]["anyOf"]
+    v2 = paths["/v2/models/{name}/infer"]["post"]
+    assert [(p["name"], p["in"]) for p in v2["parameters"]] == [("name", "path")]
+    for operation in (infer, v2, paths["/plan"]["get"]):
+        assert operation["security"] == [{"HTTPBearer": []}]
 
 
 def test_metrics_count_requests_batches_and_memory(client: httpx.Client) -> None:
