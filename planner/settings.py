@@ -110,11 +110,11 @@ class Settings(BaseSettings):
         description="longest a request waits for others to batch with when the model is free; "
                     "0 runs it at once (requests arriving while a batch runs are batched anyway)")
     batch_follow_up: float = Field(
-        default=1.0, ge=0, le=1,
+        default=0.0, ge=0, le=1,
         description="when the model frees while some of the last batch's clients have not sent "
                     "again, wait for them up to this fraction of what the table says one merged "
-                    "batch saves over two (0: never); keeps closed-loop clients from splitting "
-                    "into small batches that take turns")
+                    "batch saves over two (0, the default: never; on a 2-core CPU waiting did "
+                    "not pay, docs/benchmarks.md 5c)")
     max_queue: int = Field(default=256, ge=1, le=1_000_000,
                            description="requests waiting per model before 503 + Retry-After")
     request_timeout_s: float = Field(default=30.0, gt=0, le=3600,

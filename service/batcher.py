@@ -17,11 +17,16 @@ not come back yet (k = its samples minus those that arrived since it ended), the
 for them: running n and k together in one batch instead of n now and k after saves
 t(n) + t(k) - t(n + k), every t read from the table for the memory free now (computed on the
 model's thread after each batch, one lookup per request size), and that saving is what the
-wait may cost without losing throughput. The loop waits at most ``follow_up`` x that saving,
+wait may cost without losing throughput. Only a saving of at least ``MIN_SAVING`` of t(n + k)
+is waited for (a small one buys nothing measurable and costs latency). The loop waits at most
+``follow_up`` x that saving,
 counted from the end of the last batch, and stops as soon as the k are back (or the gather
 limit is reached). Nothing waits when no such saving exists, nor for a single client (its one
 sample is the one that came back), nor long after the last batch ended. ``follow_up`` = 0
-turns it off; ``max_batch_delay_ms`` > 0 replaces it with a fixed delay.
+(the default) turns it off: on a 2-core CPU the merged batches of 8 served no more than the
+turns they replaced (the model idles while its 8 clients send again, and the CPU profile
+overstates small batches, so the saving is overstated); it is meant for devices whose table
+promises large, accurate savings. ``max_batch_delay_ms`` > 0 replaces it with a fixed delay.
 
 On the torch thread the registry gives it (``executor``: a single thread; torch never runs on
 the event loop, one model runs one batch at a time; on the CPU every model of the process
@@ -129,6 +134,12 @@ class _Done:
 
 _STOP = object()
 
+# The least saving, as a share of the merged batch's time, worth waiting for: a wait idles the
+# model and spreads its clients' arrivals. At 8 closed-loop clients on a 2-core CPU
+# (docs/benchmarks.md, 5c) resnet50's table promised 3%, and waiting for it split its batches
+# into pieces of 1 to 6 samples; mobilenet_v2's promised 29-36% and gave batches of 8.
+MIN_SAVING = 0.1
+
 
 class _Expired(Exception):
     """A request's timeout went off (``Batcher.submit`` answers it with 504)."""
@@ -144,7 +155,7 @@ class Batcher:
 
     def __init__(self, name: str, worker: Worker, executor: Executor, *, max_delay_s: float,
                  max_queue: int, latency_target_s: float | None, metrics: Metrics,
-                 follow_up: float = 1.0, timeout_s: float | None = None,
+                 follow_up: float = 0.0, timeout_s: float | None = None,
                  table_version: Callable[[], int | None] = lambda: None) -> None:
         self.name = name
         self.worker = worker
@@ -334,8 +345,8 @@ class Batcher:
         times = self._times
         if k <= 0 or self.follow_up <= 0 or n + k >= len(times) or self._closing:
             return 0.0  # (closing: nobody is let in to wait for)
-        saving = times[n] + times[k] - times[n + k]  # inf - inf is nan: not > 0, no wait
-        if not saving > 0:
+        saving = times[n] + times[k] - times[n + k]  # inf - inf is nan: not >, no wait
+        if not saving > MIN_SAVING * times[n + k]:
             return 0.0
         until = answered_at + self.follow_up * saving
         if self.latency_target_s is not None:

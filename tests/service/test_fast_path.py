@@ -193,25 +193,25 @@ def test_image_preprocessing_is_torchvision_s_without_torch() -> None:
     assert np.array_equal(pre(image), weights.transforms()(image).numpy())
 
 
-def _costed(profile: Profile, fixed_s: float) -> Profile:
-    """``profile`` with a table-making cost per call: ``fixed_s`` + 1 ms a sample per layer and
-    no workspaces. With a fixed cost, one batch of n + k samples is predicted to save
-    (layers x ``fixed_s``) over a batch of n and one of k; without, nothing."""
+def _costed(profile: Profile, fixed_s: float, per_sample_s: float = 1e-3) -> Profile:
+    """``profile`` with a table-making cost per call: ``fixed_s`` + ``per_sample_s`` a sample
+    per layer and no workspaces. With a fixed cost, one batch of n + k samples is predicted to
+    save (layers x ``fixed_s``) over a batch of n and one of k; without, nothing."""
     def redo(node: Any) -> Any:
         if isinstance(node, Layer):
             b = range(1, len(node.time) + 1)
-            return dataclasses.replace(node, time=tuple(fixed_s + 1e-3 * k for k in b),
+            return dataclasses.replace(node, time=tuple(fixed_s + per_sample_s * k for k in b),
                                        ws=tuple(0 for _ in b))
         return dataclasses.replace(node, children=tuple(redo(c) for c in node.children))
     return dataclasses.replace(profile, root=redo(profile.root))
 
 
-async def _with_costs(app: Any, fixed_s: float) -> Any:
+async def _with_costs(app: Any, fixed_s: float, per_sample_s: float = 1e-3) -> Any:
     """The tiny model's batcher, its worker on a table of ``_costed`` times (one batch run so
     the batcher has read them)."""
     entry = app.state.registry.entries["tiny"]
-    worker = Worker(entry.prepared.capture,
-                    build_table(_costed(entry.prepared.profile, fixed_s), slot_bytes=64),
+    profile = _costed(entry.prepared.profile, fixed_s, per_sample_s)
+    worker = Worker(entry.prepared.capture, build_table(profile, slot_bytes=64),
                     entry.worker.probe)
     entry.worker = entry.batcher.worker = worker
     await entry.batcher.submit(x_(1, 0))
@@ -251,22 +251,28 @@ def test_the_batcher_waits_for_the_last_batch_s_clients_when_the_table_says_it_p
     run(main())
 
 
-@pytest.mark.parametrize("case", ["no saving", "single client", "long ago", "turned off"])
+@pytest.mark.parametrize("case", ["no saving", "small saving", "single client", "long ago",
+                                  "turned off"])
 def test_the_batcher_runs_at_once_when_waiting_cannot_pay(
         make_settings: Callable[..., Settings], case: str) -> None:
     """No wait (a wait would be 60 s, past the test's bound): when the table predicts no saving,
-    when the one client of the last batch is the one back, when the last batch ended long
-    ago, or with ``batch_follow_up`` = 0."""
+    or one under MIN_SAVING of the merged batch (2 x 1 s of 2 x 61 s), when the one client of
+    the last batch is the one back, when the last batch ended long ago, or with
+    ``batch_follow_up`` = 0."""
     app = create_app(make_settings(max_batch_delay_ms=0,
                                    batch_follow_up=0.0 if case == "turned off" else 1.0))
 
     async def main() -> None:
         async with running(app):
-            batcher = await _with_costs(app, 0.0 if case == "no saving" else 30.0)
+            if case == "small saving":
+                batcher = await _with_costs(app, 1.0, per_sample_s=30.0)
+                assert 0 < 2 * batcher._times[1] - batcher._times[2] < 0.1 * batcher._times[2]
+            else:
+                batcher = await _with_costs(app, 0.0 if case == "no saving" else 30.0)
             _just_answered(batcher, 1 if case == "single client" else 2,
                            ago_s=3600.0 if case == "long ago" else 0.0)
             outcome = await asyncio.wait_for(batcher.submit(x_(1, 1)), 20)
-            assert outcome.batch_samples == 1 and outcome.queue_s < 10
+            assert outcome.batch_samples == 1 and outcome.queue_s < 1
 
     run(main())
 
