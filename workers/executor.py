@@ -3,7 +3,9 @@
 The executor is the walk of ``planner.solver.layout`` on the ``TorchBackend``: sub-batches are views of
 the chunks a boundary holds, samples spread over several chunks are gathered into one buffer
 slice by slice (never a torch.cat), joins are built in place (cat into channel slices, add by
-accumulation, mul with the fork), and every buffer is dropped as soon as the walk frees it.
+accumulation, mul with the fork), and every buffer is dropped as soon as the walk frees it. A
+unit whose output shares its input's storage (an in-place op, a view) gets its output copied
+into a buffer of its own: the walk counts one, and a view would pin its input's whole chunk.
 Runs under ``torch.inference_mode``; CPU and CUDA; float32, float16, bfloat16.
 """
 
@@ -28,7 +30,15 @@ class TorchBackend:
         self.like = like  # dtype and device of every buffer
 
     def run(self, unit: Layer, x: torch.Tensor, samples: int) -> torch.Tensor:
-        return self.capture.units[unit.name].module(x)
+        y = self.capture.units[unit.name].module(x)
+        if y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+            # A unit whose output is its input (an in-place ReLU after a join) or a view of it
+            # (ShuffleNet's channel split): the walk counts a new output buffer and frees the
+            # input's chunk once its samples are taken, but a view would pin that whole chunk
+            # for as long as the output lives (measured on resnet50: 1.9 MB above the table's
+            # claim, past the budget). So the output gets the buffer the walk counts.
+            y = y.clone(memory_format=torch.contiguous_format)
+        return y
 
     def view(self, chunk: torch.Tensor, start: int, samples: int) -> torch.Tensor:
         if start == 0 and samples == chunk.shape[0]:
