@@ -19,9 +19,8 @@ t(n) + t(k) - t(n + k), every t read from the table for the memory free now (com
 model's thread after each batch, one lookup per request size), and that saving is what the
 wait may cost without losing throughput. Only a saving of at least ``MIN_SAVING`` of t(n + k)
 is waited for (a small one buys nothing measurable and costs latency). The loop waits at most
-``follow_up`` x that saving,
-counted from the end of the last batch, and stops as soon as the k are back (or the gather
-limit is reached). Nothing waits when no such saving exists, nor for a single client (its one
+``follow_up`` x that saving, counted from the end of the last batch, and stops as soon as the
+k are back (or the gather limit is reached). Nothing waits when no such saving exists, nor for a single client (its one
 sample is the one that came back), nor long after the last batch ended. ``follow_up`` = 0
 (the default) turns it off: on a 2-core CPU the merged batches of 8 served no more than the
 turns they replaced (the model idles while its 8 clients send again, and the CPU profile
@@ -439,11 +438,21 @@ class Batcher:
             result = exc
         try:
             loop.call_soon_threadsafe(self._answer, batch, result, answered, done)
-            # then, off the answers' path: what the next batch is gathered by (it reads the
-            # memory free now; a batch gathered meanwhile goes by the reading before)
-            loop.call_soon_threadsafe(self._look_ahead, self._outlook())
         except RuntimeError:  # the loop has closed: nobody is waiting any more
             log.warning("%s: a batch finished after the event loop closed", self.name)
+            return
+        # then, off the answers' path: what the next batch is gathered by (a batch gathered
+        # meanwhile goes by the reading before)
+        try:
+            outlook = self._outlook()
+        except Exception as exc:  # noqa: BLE001 - the next batches go by the last reading
+            log.warning("%s: reading the memory free for the next batch failed: %s", self.name,
+                        exc)
+            return
+        try:
+            loop.call_soon_threadsafe(self._look_ahead, outlook)
+        except RuntimeError:
+            pass  # closed meanwhile
 
     def _look_ahead(self, outlook: tuple[int, tuple[float, ...]]) -> None:
         self.gather_limit, self._times = outlook
@@ -506,9 +515,12 @@ class Batcher:
 
     def _outlook(self) -> tuple[int, tuple[float, ...]]:
         """The next batch's gather limit and the table's predicted seconds per request size
-        for the memory free now (on the model's thread: it reads free memory)."""
+        for the memory free now (on the model's thread: it reads free memory). Without a
+        latency target or a follow-up wait, neither needs the memory: nothing is read."""
+        if self.latency_target_s is None and self.follow_up <= 0:
+            return self.worker.batch_max, ()
         table, free = self.worker.table, self.worker.allowance()
-        times = table.times_within(free)
+        times = table.times_within(free) if self.follow_up > 0 else ()
         if self.latency_target_s is None:
             return self.worker.batch_max, times
         try:
