@@ -114,6 +114,22 @@ def iter_layers(node: Node) -> Iterator[Layer]:
             yield from iter_layers(branch)
 
 
+def fold_order(block: Parallel) -> tuple[int, ...]:
+    """The order in which a block's branches run and fold into its join.
+
+    Branches run in their order, but an ``add`` join folds its identity branches (which run
+    nothing) last: then the first fold is a branch's output, which the join can take over as
+    its buffer instead of copying it (``planner.graph.capture.Join.fold``). Every ``add`` join
+    has two operands, and IEEE addition of two numbers does not depend on their order, so the
+    result is bit for bit the model's. No step of a program belongs to an identity branch, so
+    a program's steps are in this order as much as in the branches' own."""
+    indices = range(len(block.branches))
+    if block.join != "add":
+        return tuple(indices)
+    return (tuple(i for i in indices if block.branches[i].children)
+            + tuple(i for i in indices if not block.branches[i].children))
+
+
 def iter_nodes(node: Node) -> Iterator[Node]:
     """Every node of a tree, parents before children."""
     yield node

@@ -17,6 +17,7 @@ the bearer scheme).
 
 from __future__ import annotations
 
+import functools
 import secrets
 import time
 from collections.abc import Callable, Coroutine
@@ -169,7 +170,10 @@ async def inference_call(request: Request, query: type[Q]) -> tuple[Q, bytes]:
     """What an inference route's dependencies would give it: the API key checked, the query
     parameters validated (400 naming the parameter, as FastAPI's own) and the body read."""
     settings: Settings = request.app.state.settings
-    check_api_key(settings, bearer_token(request))
+    if settings.api_key is not None:
+        check_api_key(settings, bearer_token(request))
+    if not request.scope.get("query_string"):
+        return _no_parameters(query), await read_body(request, settings)
     params = request.query_params
     try:
         parsed = query.model_validate({k: params[k] for k in query.model_fields if k in params})
@@ -177,6 +181,12 @@ async def inference_call(request: Request, query: type[Q]) -> tuple[Q, bytes]:
         raise RequestValidationError([{**e, "loc": ("query", *e["loc"])}
                                       for e in exc.errors(include_url=False)]) from exc
     return parsed, await read_body(request, settings)
+
+
+@functools.cache
+def _no_parameters(query: type[Q]) -> Q:
+    """A route's query parameters when the request has none (frozen: one instance serves all)."""
+    return query.model_validate({})
 
 
 def lean_openapi(query: type[BaseModel], extra: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The HTTP app: ``create_app(settings)`` assembles routers, errors, metrics and the lifespan.
 
-Nothing else happens here. The lifespan starts the registry (models load in the background;
+Nothing else happens here. The app is a ``FastPathApp``: FastAPI, with the inference routes
+called without its layers (``service.fastpath``). The lifespan starts the registry (models load in the background;
 ``/v2/health/ready`` says when they are ready) and, on shutdown, drains every batcher so each
 accepted request is answered.
 """
@@ -14,6 +15,7 @@ from fastapi import FastAPI
 
 from planner.settings import Settings
 from service import errors
+from service.fastpath import FastPathApp
 from service.metrics import Metrics, RequestMetricsMiddleware
 from service.registry import Registry
 from service.routers import charts, health, inference, metrics, models, plans, stats, ui, v2
@@ -36,7 +38,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             await registry.close()
 
-    app = FastAPI(title="vbs-serve", description=DESCRIPTION, version="0.1.0", lifespan=lifespan)
+    app = FastPathApp(title="vbs-serve", description=DESCRIPTION, version="0.1.0",
+                      lifespan=lifespan)
     app.state.settings = settings
     app.state.metrics = registry_metrics
     app.state.registry = registry

@@ -3,9 +3,11 @@
 The executor is the walk of ``planner.solver.layout`` on the ``TorchBackend``: sub-batches are views of
 the chunks a boundary holds, samples spread over several chunks are gathered into one buffer
 slice by slice (never a torch.cat), joins are built in place (cat into channel slices, add by
-accumulation, mul with the fork), and every buffer is dropped as soon as the walk frees it. A
-unit whose output shares its input's storage (an in-place op, a view) gets its output copied
-into a buffer of its own: the walk counts one, and a view would pin its input's whole chunk.
+accumulation, taking over the first branch output that brings every sample, mul with the
+fork), and every buffer is dropped as soon as the walk frees it. A unit whose output is a view
+of its input gets its output copied into a buffer of its own: the walk counts one, and a view
+would pin its input's whole chunk (in-place ops on a unit's input compute new tensors since
+capture, so they need no copy). Units run through ``Unit.call``, as the model runs its modules.
 Runs under ``torch.inference_mode``; CPU and CUDA; float32, float16, bfloat16.
 """
 
@@ -30,10 +32,11 @@ class TorchBackend:
         self.like = like  # dtype and device of every buffer
 
     def run(self, unit: Layer, x: torch.Tensor, samples: int) -> torch.Tensor:
-        y = self.capture.units[unit.name].module(x)
+        y = self.capture.units[unit.name].call(x)
         if y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
-            # A unit whose output is its input (an in-place ReLU after a join) or a view of it
-            # (ShuffleNet's channel split): the walk counts a new output buffer and frees the
+            # A unit whose output is a view of its input (ShuffleNet's channel split; an
+            # in-place op on the input computes a new tensor since capture, see
+            # ``write_new_tensors``): the walk counts a new output buffer and frees the
             # input's chunk once its samples are taken, but a view would pin that whole chunk
             # for as long as the output lives (measured on resnet50: 1.9 MB above the table's
             # claim, past the budget). So the output gets the buffer the walk counts.
@@ -58,10 +61,11 @@ class TorchBackend:
         return self.capture.joins[block.name].empty(fork, samples)
 
     def fold(self, block: Parallel, join: torch.Tensor, start: int, fork: torch.Tensor,
-             y: torch.Tensor | None, branch: int, samples: int) -> None:
-        out = join.narrow(0, start, samples)
-        self.capture.joins[block.name].fold(out, fork.narrow(0, start, samples), y, branch,
-                                            first=(branch == 0))
+             y: torch.Tensor | None, branch: int, samples: int, first: bool) -> torch.Tensor:
+        out = self.view(join, start, samples)
+        held = self.capture.joins[block.name].fold(out, self.view(fork, start, samples), y,
+                                                   branch, first)
+        return join if held is out else held  # an add's first output taken over whole
 
     def free(self, buffer: torch.Tensor) -> None:
         # Nothing to do: the walk drops its last reference, and torch frees the storage.

@@ -13,7 +13,7 @@ from typing import Any, ContextManager
 import torch
 
 from planner.graph.capture import Capture
-from planner.tree import Layer, Node, Series
+from planner.tree import Layer, Node, Series, fold_order
 
 
 Around = Callable[[str], ContextManager[Any]]
@@ -28,19 +28,20 @@ def run_node(capture: Capture, node: Node, x: torch.Tensor, around: Around | Non
     """
     if isinstance(node, Layer):
         if around is None:
-            return capture.units[node.name].module(x)
+            return capture.units[node.name].call(x)
         with around(node.name):
-            return capture.units[node.name].module(x)
+            return capture.units[node.name].call(x)
     if isinstance(node, Series):
         for child in node.children:
             x = run_node(capture, child, x, around)
         return x
     join = capture.joins[node.name]
     out = join.empty(x, x.shape[0])
-    for i, branch in enumerate(node.branches):
+    for k, i in enumerate(fold_order(node)):
+        branch = node.branches[i]
         y = run_node(capture, branch, x, around) if branch.children else None
         with (around(node.name) if around is not None else contextlib.nullcontext()):
-            join.fold(out, x, y, i, first=(i == 0))
+            out = join.fold(out, x, y, i, first=(k == 0))
         del y
     return out
 

@@ -17,7 +17,10 @@ is freed as soon as all its samples have been taken and the step reading the las
 finished, a gather buffer as soon as its step has finished. A parallel block's phase takes
 its fork (C samples) the same way, allocates its join buffer, and every branch's last unit
 folds its sub-batch into the join buffer in place; the join buffer is the block's output
-chunk when the phase closes.
+chunk when the phase closes. An ``add`` join folds its identity branch last, and its first
+fold, when it brings every sample of the phase, is taken over as the join buffer rather than
+copied into it (the buffer allocated at the open is dropped then: the same bytes, so what is
+held at every moment is unchanged; on the CPU the dropped buffer was never written to).
 
 The difference from the solver's model of memory: the solver releases each sample's input
 as soon as its step finishes, while a view keeps its whole chunk alive until the chunk's
@@ -40,7 +43,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from planner.errors import InvalidProgramError
 from planner.solver.memory import allocation
 from planner.solver.program import Step
-from planner.tree import Layer, Node, Parallel, Series
+from planner.tree import Layer, Node, Parallel, Series, fold_order
 
 H = TypeVar("H")  # a back end's handle on a buffer: a tensor, or a byte count
 
@@ -64,8 +67,11 @@ class Backend(Protocol[H]):
         """A new join buffer for a phase of ``samples`` samples."""
 
     def fold(self, block: Parallel, join: H, start: int, fork: H, y: H | None, branch: int,
-             samples: int) -> None:
-        """Fold a branch's sub-batch (``None``: the identity) into the join buffer."""
+             samples: int, first: bool) -> H:
+        """Fold a branch's sub-batch (``None``: the identity) into the join buffer; ``first``:
+        no branch has folded these samples yet. Returns the join buffer from now on: an
+        ``add`` join may take over a first output that covers all its samples instead of
+        copying it, and drop its own buffer (the same size: what is held does not change)."""
 
     def free(self, buffer: H) -> None:
         """Release a buffer (a chunk, a gather buffer or a unit's output)."""
@@ -104,12 +110,17 @@ class _Phase(Generic[H]):
     samples: int
     fork: _Take[H]
     join: H
-    branch: int = -1
+    order: tuple[int, ...] = ()  # the branches in the order they fold (``fold_order``)
+    pos: int = -1  # the position in ``order`` of the branch running now
     chain: _Chain | None = None
     folded: int = 0  # samples of the current branch folded so far
     parent: _Chain | None = None
     position: int = 0
     key: int = 0  # the step that opened it
+
+    @property
+    def branch(self) -> int:
+        return self.order[self.pos]
 
 
 class _Index:
@@ -213,7 +224,8 @@ def walk(backend: Backend[H], root: Series, steps: Iterable[Step], x: H, samples
                 queue.append(_Chunk(out, n, key=key))
             return
         phase = phases[-1]
-        backend.fold(phase.block, phase.join, phase.folded, phase.fork.tensor, out, phase.branch, n)
+        phase.join = backend.fold(phase.block, phase.join, phase.folded, phase.fork.tensor, out,
+                                  phase.branch, n, phase.pos == 0)
         phase.folded += n
         backend.free(out)
 
@@ -221,19 +233,19 @@ def walk(backend: Backend[H], root: Series, steps: Iterable[Step], x: H, samples
         """Move on to the next branch when this one is done; close finished phases."""
         while phases:
             phase = phases[-1]
-            if phase.branch >= 0 and phase.folded < phase.samples:
+            if phase.pos >= 0 and phase.folded < phase.samples:
                 return
-            phase.branch += 1
+            phase.pos += 1
             phase.folded = 0
-            if phase.branch < len(phase.block.branches):
+            if phase.pos < len(phase.order):
                 branch = phase.block.branches[phase.branch]
                 if branch.children:
                     phase.chain = _new_chain(branch)
                     phase.chain.boundaries[0].append(
                         _Chunk(backend.borrow(phase.fork.tensor), phase.samples, owned=False))
                     return
-                backend.fold(phase.block, phase.join, 0, phase.fork.tensor, None, phase.branch,
-                             phase.samples)
+                phase.join = backend.fold(phase.block, phase.join, 0, phase.fork.tensor, None,
+                                          phase.branch, phase.samples, phase.pos == 0)
                 phase.folded = phase.samples
                 continue
             phases.pop()
@@ -262,8 +274,8 @@ def walk(backend: Backend[H], root: Series, steps: Iterable[Step], x: H, samples
         else:
             assert isinstance(node, Parallel)
             join = backend.open_join(node, take.tensor, step.samples)
-            phases.append(_Phase(node, step.samples, take, join, parent=chain, position=position,
-                                 key=k))
+            phases.append(_Phase(node, step.samples, take, join, fold_order(node), parent=chain,
+                                 position=position, key=k))
 
     for k, step in enumerate(steps):
         if k and after_step is not None:
@@ -333,10 +345,11 @@ class MemoryAccount:
         return self._alloc(block.out_bytes * samples)
 
     def fold(self, block: Parallel, join: int, start: int, fork: int, y: int | None, branch: int,
-             samples: int) -> None:
+             samples: int, first: bool) -> int:
         if y is not None and block.join not in ("cat", "add", "mul"):
             # Other joins compute into a temporary before copying into the join buffer.
             self._level(self.live + allocation(block.out_bytes * samples, self.granule))
+        return join
 
     def free(self, buffer: int) -> None:
         self.live -= buffer

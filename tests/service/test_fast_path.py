@@ -12,18 +12,24 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import torchvision
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
 from PIL import Image
+from starlette.exceptions import HTTPException
 
 from planner.settings import Settings
 from planner.solver.table import build_table
 from planner.tree import Layer, Profile
-from service import codecs, serving
-from service.deps import LeanRoute
+from service import codecs, errors, serving
+from service.deps import InferQuery, LeanRoute, inference_call
+from service.errors import UnavailableError, field_error
+from service.fastpath import FastPathApp
 from service.main import create_app
+from service.metrics import Metrics, RequestMetricsMiddleware
 from workers.worker import Worker
 from tests.service.conftest import (TINY_SHAPE, Gate, assert_close, reference, run, running,
                                     wait_until)
@@ -298,3 +304,84 @@ def test_a_lean_route_refuses_what_it_would_not_run() -> None:
         APIRouter(route_class=LeanRoute, dependencies=[Depends(lambda: 1)]).add_api_route(
             "/r", bare, methods=["POST"])
     router.add_api_route("/bare", bare, methods=["POST"])
+
+
+def _echo_apps(settings: Settings) -> tuple[FastPathApp, FastAPI]:
+    """The same lean route, errors and metrics middleware in a FastPathApp and in plain FastAPI."""
+    router = APIRouter(prefix="/p", route_class=LeanRoute)
+
+    async def echo(request: Request, name: str) -> Response:
+        request.state.vbs_endpoint = "infer"
+        query, body = await inference_call(request, InferQuery)
+        if name == "bad":
+            raise field_error("body", "is not what it should be")
+        if name == "taken":
+            raise HTTPException(409, "taken")
+        if name == "busy":
+            raise UnavailableError("busy now", retry_after=3)
+        if name == "boom":
+            raise RuntimeError("boom")
+        return JSONResponse({"name": name, "top_k": query.top_k, "bytes": len(body)})
+
+    router.add_api_route("/echo/{name}", echo, methods=["POST"])
+    apps: list[Any] = []
+    for cls in (FastPathApp, FastAPI):
+        app = cls()
+        app.state.settings = settings
+        app.state.metrics = Metrics()
+        errors.install(app)
+        app.add_middleware(RequestMetricsMiddleware, metrics=app.state.metrics)
+        app.include_router(router)
+        apps.append(app)
+    return apps[0], apps[1]
+
+
+@pytest.mark.parametrize("api_key", [None, "a-secret-key"])
+def test_lean_routes_skip_the_framework_and_answer_exactly_as_it_would(api_key: str | None) -> None:
+    """``FastPathApp`` calls a lean route's endpoint without Starlette's and FastAPI's layers
+    (the framework's middleware stack is never even built), and every answer, error or not,
+    is the one plain FastAPI gives: status, headers, JSON body and the metrics counted."""
+    fast, plain = _echo_apps(Settings(models=[], api_key=api_key))
+    auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    requests: list[tuple[str, dict[str, str]]] = [
+        ("/p/echo/ok", auth), ("/p/echo/ok?top_k=3", auth), ("/p/echo/ok?top_k=0", auth),
+        ("/p/echo/ok?top_k=x", auth), ("/p/echo/bad", auth), ("/p/echo/taken", auth),
+        ("/p/echo/busy", auth), ("/p/echo/boom", auth), ("/p/echo/ok", {}),
+        ("/p/echo/ok", {"Authorization": "Bearer wrong-key-here"})]
+
+    async def answers(app: Any) -> list[tuple[int, dict[str, str], Any]]:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            out = []
+            for path, headers in requests:
+                r = await client.post(path, content=b"12345", headers=headers)
+                kept = {k: v for k, v in r.headers.items() if k in ("retry-after", "www-authenticate",
+                                                                    "content-type")}
+                out.append((r.status_code, kept, r.json()))
+            return out
+
+    got, want = run(answers(fast)), run(answers(plain))
+    assert got == want
+    assert {status for status, _, _ in got} >= {200, 400, 409, 500, 503}
+    assert fast.middleware_stack is None  # no request went through the framework's stack
+    for status in {str(s) for s, _, _ in got}:
+        labels = {"model": "-", "endpoint": "infer", "status": status}
+        assert (fast.state.metrics.value("vbs_requests_total", labels)
+                == plain.state.metrics.value("vbs_requests_total", labels) > 0)
+
+    async def elsewhere(app: Any) -> tuple[int, int]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return ((await client.get("/p/echo/ok")).status_code,
+                    (await client.post("/p/nothing")).status_code)
+
+    assert run(elsewhere(fast)) == run(elsewhere(plain)) == (405, 404)  # FastAPI's answers
+
+    async def unexpected(app: Any) -> None:  # raised for the server to log, as FastAPI does
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            with pytest.raises(RuntimeError, match="boom"):
+                await client.post("/p/echo/boom", headers=auth)
+
+    run(unexpected(fast))
+    run(unexpected(plain))
