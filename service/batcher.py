@@ -64,7 +64,7 @@ from typing import Any
 import numpy as np
 
 from planner.errors import InfeasibleError
-from service.errors import RequestTimeoutError, UnavailableError
+from service.errors import RequestTimeoutError, UnavailableError, field_error
 from service.metrics import Metrics
 from workers.worker import RunInfo, Worker
 
@@ -111,6 +111,7 @@ class _Pending:
     submitted: float
     decode_s: float
     encode: Encoder | None
+    field: str  # where the request carried its samples, for an error about their values
     counted: bool = True  # in ``Batcher.waiting``: until taken for a batch or given up on
 
     @property
@@ -177,7 +178,7 @@ class Batcher:
         self._closing = False
         self._task: asyncio.Task[None] | None = None
         self._executor = executor  # its owner shuts it down
-        self._buffer: Any = None    # the batch buffer (a torch tensor), grown as needed
+        self._buffer: Any = None    # the batch buffer (a torch tensor) and its numpy view
         self.gather_limit = worker.batch_max
         self.running = False        # a batch is on the worker now
 
@@ -220,9 +221,10 @@ class Batcher:
     # ------------------------------------------------------------------ requests
 
     async def submit(self, x: np.ndarray, *, decode_s: float = 0.0,
-                     encode: Encoder | None = None) -> Outcome:
+                     encode: Encoder | None = None, field: str = "inputs") -> Outcome:
         """Queue ``x`` (N samples) and wait for its outputs; 503 when full or closing, 504
-        when not answered within ``timeout_s``.
+        when not answered within ``timeout_s``, 400 naming ``field`` when its values are not
+        all finite in the model's dtype (checked as they are copied into the batch).
 
         ``decode_s`` is the time its decoding took (reported as part of compute input);
         ``encode`` turns its rows of the output into what the response sends, on the model's
@@ -238,7 +240,7 @@ class Batcher:
                                    f"the most the queue holds (max_queue); retry shortly",
                                    retry_after=1)
         loop = asyncio.get_running_loop()
-        pending = _Pending(x, loop.create_future(), time.perf_counter(), decode_s, encode)
+        pending = _Pending(x, loop.create_future(), time.perf_counter(), decode_s, encode, field)
         self._waiting += 1
         self._queued_samples += pending.n
         self._since_last += pending.n
@@ -401,6 +403,8 @@ class Batcher:
         """The batch and its requests' breakdowns in the metrics."""
         info = done.info
         m = self._m
+        if not done.samples:  # every request of it was refused (values not finite): none ran
+            return
         m.batch_size.observe(done.samples)
         m.samples.inc(done.samples)
         m.run_time.observe(done.run_s)
@@ -457,16 +461,18 @@ class Batcher:
     def _look_ahead(self, outlook: tuple[int, tuple[float, ...]]) -> None:
         self.gather_limit, self._times = outlook
 
-    def _batch_buffer(self, n: int) -> Any:
-        """The reusable host buffer for n samples (pinned on CUDA), grown when a batch is larger."""
+    def _batch_buffer(self, n: int) -> tuple[Any, np.ndarray]:
+        """The reusable host buffer for n samples (pinned on CUDA), grown when a batch is
+        larger, and a numpy view of it."""
         import torch
 
-        if self._buffer is None or self._buffer.shape[0] < n:
+        if self._buffer is None or self._buffer[0].shape[0] < n:
             loaded = self.worker.capture.model
             # numpy has no bfloat16: such a batch is written as float32 and cast on the device
             dtype = torch.float32 if loaded.torch_dtype == torch.bfloat16 else loaded.torch_dtype
-            self._buffer = torch.empty((max(n, self.worker.batch_max), *self.worker.capture.input_shape),
-                                       dtype=dtype, pin_memory=loaded.device.type == "cuda")
+            buffer = torch.empty((max(n, self.worker.batch_max), *self.worker.capture.input_shape),
+                                 dtype=dtype, pin_memory=loaded.device.type == "cuda")
+            self._buffer = (buffer, buffer.numpy())
         return self._buffer
 
     def _infer(self, batch: list[_Pending]) -> _Done:
@@ -474,34 +480,51 @@ class Batcher:
 
         t0 = time.perf_counter()
         loaded = self.worker.capture.model
-        total = sum(p.n for p in batch)
-        buffer = self._batch_buffer(total)
-        host = buffer.numpy()
-        copies = []
+        buffer, host = self._batch_buffer(sum(p.n for p in batch))
+        copies: list[float] = []
+        refused: dict[int, Exception] = {}
         offset = 0
-        for p in batch:  # each request written into its rows of the batch: one copy
+        for i, p in enumerate(batch):  # each request written into its rows of the batch: one copy
             c0 = time.perf_counter()
-            np.copyto(host[offset:offset + p.n], p.x, casting="unsafe")
+            rows = host[offset:offset + p.n]
+            if p.x.dtype == rows.dtype:
+                np.copyto(rows, p.x)
+            else:  # a value out of the model's dtype's range becomes infinite: refused below
+                with np.errstate(over="ignore", invalid="ignore"):
+                    np.copyto(rows, p.x, casting="unsafe")
+            # its values first read here, and checked as the model will see them (in its dtype:
+            # a float64 1e39 is infinite in float32): NaN propagates through max and min, and
+            # an infinity is one of them; a refused request's rows are written over
+            if rows.dtype.kind == "f" and not (np.isfinite(rows.max()) and np.isfinite(rows.min())):
+                refused[i] = field_error(p.field, "holds NaN or infinite values: send finite "
+                                                  "numbers")
+            else:
+                offset += p.n
             copies.append(time.perf_counter() - c0)
-            offset += p.n
+        total = offset
         t1 = time.perf_counter()
-        with torch.inference_mode():
-            x = buffer[:total]
-            if x.device != loaded.device or x.dtype != loaded.torch_dtype:  # not on a CPU float32
-                x = x.to(device=loaded.device, dtype=loaded.torch_dtype, non_blocking=True)
-            t2 = time.perf_counter()
-            y, info = self.worker.infer(x)
-            t3 = time.perf_counter()
-            y = y.detach()
-            if y.device.type != "cpu" or y.dtype != torch.float32:
-                y = y.to(device="cpu", dtype=torch.float32)
-            if y.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr():
-                y = y.clone()  # a model that returns its input: the buffer is reused next batch
-            out = y.numpy()
+        if not total:
+            return _Done([(host[:0], refused[i], copies[i], 0.0) for i in range(len(batch))],
+                         RunInfo((), 0, 0), infer_s=0.0, transfer_s=0.0,
+                         run_s=time.perf_counter() - t0, samples=0)
+        x = buffer[:total]
+        if x.device != loaded.device or x.dtype != loaded.torch_dtype:  # not on a CPU float32
+            x = x.to(device=loaded.device, dtype=loaded.torch_dtype, non_blocking=True)
+        t2 = time.perf_counter()
+        y, info = self.worker.infer(x)
+        t3 = time.perf_counter()
+        if y.device.type != "cpu" or y.dtype != torch.float32:
+            y = y.to(device="cpu", dtype=torch.float32)
+        if buffer.data_ptr() <= y.data_ptr() < buffer.data_ptr() + buffer.nbytes:
+            y = y.clone()  # a model that returns its input: the buffer is reused next batch
+        out = y.numpy()
         t4 = time.perf_counter()
         rows = []
         offset = 0
-        for p, copy_s in zip(batch, copies):
+        for i, (p, copy_s) in enumerate(zip(batch, copies)):
+            if i in refused:
+                rows.append((out[:0], refused[i], copy_s, 0.0))
+                continue
             e0 = time.perf_counter()
             mine = out[offset:offset + p.n]
             try:

@@ -1,9 +1,11 @@
 """Request decoding and response encoding: every way a tensor or an image reaches the service.
 
 Decoders turn a body into a numpy array of shape ``(N, *input_shape)`` (N >= 1, a numeric
-dtype, finite values, native byte order, C-contiguous; binary bodies are read in place, not
-copied, so the array may be read-only: the batcher copies it once, into its batch buffer), or
-raise a RequestError naming the field and the problem. They are plain functions of bytes:
+dtype, native byte order, C-contiguous; binary bodies are read in place, not copied, so the
+array may be read-only: the batcher copies it once, into its batch buffer), or raise a
+RequestError naming the field and the problem. Decoding a binary body reads none of its
+values: that NaN and infinities are refused (400, naming the field) is checked by the batcher
+as it copies the samples into its batch, in the model's dtype. They are plain functions of bytes:
 binary ones cost microseconds and run on the event loop for small bodies, JSON and images in a
 worker thread (torch is only touched by image preprocessing, and never on the event loop). Nothing from a request is unpickled, imported or used as a path:
 ``.npy`` headers are read and checked before ``np.load(allow_pickle=False)``, images are
@@ -131,10 +133,6 @@ def check_tensor(array: np.ndarray, input_shape: Sequence[int], where: str, max_
                           PayloadTooLargeError)
     if array.dtype.kind not in "biuf":
         raise field_error(where, f"dtype {array.dtype} is not numeric")
-    # NaN propagates through min and max and an infinity is one of them: two reductions, a
-    # third of the time of isfinite's mask over the whole array
-    if array.dtype.kind == "f" and not (np.isfinite(array.max()) and np.isfinite(array.min())):
-        raise field_error(where, "holds NaN or infinite values: send finite numbers")
     if not array.dtype.isnative:
         array = array.astype(array.dtype.newbyteorder("="))
     if not array.flags.c_contiguous:

@@ -29,7 +29,6 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from planner.settings import Settings
@@ -122,17 +121,20 @@ async def read_body(request: Request, settings: SettingsDep) -> bytes:
                                        f"allowed ({name}); {advice}")
     chunks: list[bytes] = []
     size = 0
-    try:
-        async for chunk in request.stream():
-            if not chunk:  # the stream's closing b""
-                continue
+    receive = request.receive  # the ASGI messages themselves: Starlette's stream() is an
+    more = True                # async generator around them, a frame more per chunk
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":  # http.disconnect
+            raise RequestError("body: the client went away before sending all of it")
+        chunk = message.get("body", b"")
+        more = message.get("more_body", False)
+        if chunk:
             size += len(chunk)
             if size > limit:
                 raise PayloadTooLargeError(f"body: more than the {limit} {what} allowed "
                                            f"({name}); {advice}")
             chunks.append(chunk)
-    except ClientDisconnect as exc:
-        raise RequestError("body: the client went away before sending all of it") from exc
     # one chunk is the body as it came (no copy); several are joined, the one copy a body gets
     body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     request._body = body  # noqa: SLF001 - Starlette's cache: request.form() reads it from here

@@ -42,6 +42,7 @@ MULTIPART = "multipart/form-data"
 SUPPORTED = "application/json, application/x-npy, application/octet-stream, " \
             "multipart/form-data (JPEG/PNG files), image/jpeg or image/png"
 INLINE_DECODE_BYTES = 2 * 2**20  # binary bodies up to this are decoded on the event loop
+V2_FIELD = "inputs[0].data"  # where an OIP v2 request carries its samples
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class Decoded:
     top_k: int | None = None
     v2: codecs.V2Request | None = None  # an OIP v2 body: answered in kind
     decode_s: float = 0.0               # how long decoding took
+    field: str = "inputs"               # where the body carries the samples (for errors)
 
     def encoder(self) -> Callable[[np.ndarray], bytes]:
         """What the model's thread makes of this request's rows: the response's outputs."""
@@ -128,7 +130,7 @@ async def decode_infer(request: Request, body: bytes, query: InferQuery) -> Deco
             x, spent = await _binary(body, codecs.decode_raw, entry.input_shape, limit,
                                      shape_text=shape or headers.get("x-tensor-shape"),
                                      dtype_text=dtype or headers.get("x-tensor-dtype"))
-        return Decoded(entry, x, k, decode_s=spent)
+        return Decoded(entry, x, k, decode_s=spent, field="body")
     if kind in IMAGE_TYPES or kind == MULTIPART:
         if kind == MULTIPART:
             parts, fields = await _multipart(request, limit)
@@ -144,7 +146,7 @@ async def decode_infer(request: Request, body: bytes, query: InferQuery) -> Deco
         x, spent = await run_in_threadpool(_timed, codecs.decode_images, parts, entry.preprocess,
                                            entry.image_mode, entry.input_shape, limit,
                                            settings.max_image_pixels)
-        return Decoded(entry, x, k, decode_s=spent)
+        return Decoded(entry, x, k, decode_s=spent, field="files")
     raise UnsupportedMediaError(f"header Content-Type: {kind!r} is not supported; use {SUPPORTED}")
 
 
@@ -160,7 +162,8 @@ def _decode_json(body: bytes, named: Callable[[str | None], ModelEntry], model: 
         entry = named(_pick_model(model, name))
         v2 = codecs.parse_v2_doc(doc)
         x = codecs.v2_tensor(v2, entry.input_shape, limit)
-        return Decoded(entry, x, _check_top_k(entry, top_k), v2, time.perf_counter() - t0)
+        return Decoded(entry, x, _check_top_k(entry, top_k), v2, time.perf_counter() - t0,
+                       V2_FIELD)
     req = codecs.infer_json_from(doc)
     entry = named(_pick_model(model, req.model))
     k = _check_top_k(entry, top_k if top_k is not None else req.top_k)
@@ -217,7 +220,7 @@ async def decode_v2(request: Request, name: str, body: bytes) -> Decoded:
         (req, x), spent = await _binary(body, decode)
     else:
         (req, x), spent = await run_in_threadpool(_timed, decode, body)
-    return Decoded(entry, x, v2=req, decode_s=spent)
+    return Decoded(entry, x, v2=req, decode_s=spent, field=V2_FIELD)
 
 
 async def run(decoded: Decoded, state: Any) -> Outcome:
@@ -226,7 +229,7 @@ async def run(decoded: Decoded, state: Any) -> Outcome:
     entry = decoded.entry
     assert entry.batcher is not None
     outcome = await entry.batcher.submit(decoded.x, decode_s=decoded.decode_s,
-                                         encode=decoded.encoder())
+                                         encode=decoded.encoder(), field=decoded.field)
     state.vbs_timing = outcome.timing  # the middleware counts what the rest of the server took
     state.vbs_outcome = outcome  # and records it for the live view (service.live)
     return outcome

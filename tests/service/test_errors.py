@@ -150,6 +150,8 @@ CASES = [
     ("raw-shape-vs-length", INFER + "&shape=2,3,8,8", {"content": x_().tobytes(), "headers": RAW}, 400, ["body", "needs 1536"]),
     ("raw-wrong-shape", INFER + "&shape=1,3,16,4", {"content": x_().tobytes(), "headers": RAW}, 400, ["body", "[N,3,8,8]"]),
     ("raw-inf", INFER, {"content": np.full((1, 3, 8, 8), np.inf, np.float32).tobytes(), "headers": RAW}, 400, ["body", "infinite"]),
+    # finite as float64, infinite as the model's float32: checked as the model would see it
+    ("npy-float64-overflows", INFER, {"content": npy(np.full((1, 3, 8, 8), 1e39)), "headers": NPY}, 400, ["body", "infinite"]),
     # images
     ("image-not-image", INFER, {"files": {"file": ("notes.txt", b"just text", "text/plain")}}, 400, ["files[0]", "notes.txt", "JPEG or PNG"]),
     ("image-truncated", INFER, {"files": [("a", ("ok.png", png(), "image/png")), ("b", ("bad.png", png(40, 40)[:300], "image/png"))]}, 400, ["files[1]", "bad.png"]),

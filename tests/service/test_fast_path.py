@@ -119,6 +119,37 @@ def test_one_buffer_per_batch_and_views_of_the_output(make_settings: Callable[..
     run(main())
 
 
+def test_a_request_with_values_that_are_not_finite_fails_alone(
+        make_settings: Callable[..., Settings]) -> None:
+    """Values are first read when copied into the batch buffer, and checked there: a request
+    holding NaN is answered 400 naming its field, the requests batched with it run as if it
+    had never been sent."""
+    app = create_app(make_settings())
+
+    async def main() -> None:
+        async with running(app):
+            entry = app.state.registry.entries["tiny"]
+            batcher = entry.batcher
+            gate = Gate(entry)
+            held = asyncio.create_task(batcher.submit(x_(1, 9)))
+            await asyncio.wait_for(gate.entered.wait(), 30)
+            bad = x_(1, 12)
+            bad[0, 1, 2, 3] = np.nan
+            xs = [x_(1, 10), bad, x_(2, 11)]
+            tasks = [asyncio.create_task(batcher.submit(x, field="body")) for x in xs]
+            await wait_until(lambda: batcher.waiting == 3, what="3 requests queued")
+            gate.open()
+            await held
+            good = [await tasks[0], await tasks[2]]
+            with pytest.raises(errors.RequestError, match="body: holds NaN"):
+                await tasks[1]
+            assert [o.batch_samples for o in good] == [3, 3]  # one batch, without the bad one
+            for x, o in zip((xs[0], xs[2]), good):
+                np.testing.assert_allclose(o.y, reference(entry, x), rtol=1e-4, atol=1e-5)
+
+    run(main())
+
+
 def test_at_most_two_thread_hops_per_request(make_settings: Callable[..., Settings],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """A .npy request is decoded on the event loop (0 hops) and runs on the model's thread (1);
@@ -385,3 +416,27 @@ def test_lean_routes_skip_the_framework_and_answer_exactly_as_it_would(api_key: 
 
     run(unexpected(fast))
     run(unexpected(plain))
+
+
+def test_a_client_that_goes_away_mid_body_is_answered_400() -> None:
+    """The body is read from the ASGI messages themselves: a disconnect before its last byte
+    is a 400 naming the body (nothing is decoded or run)."""
+    app = create_app(Settings(models=[]))
+    messages: list[dict[str, Any]] = [
+        {"type": "http.request", "body": b"\x93NUMPY\x01\x00", "more_body": True},
+        {"type": "http.disconnect"}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": "/infer", "raw_path": b"/infer", "query_string": b"",
+             "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
+             "headers": [(b"content-type", b"application/x-npy"), (b"content-length", b"1000")]}
+    run(app(scope, receive, send))
+    assert sent[0]["status"] == 400
+    assert b"went away" in sent[1]["body"] and not messages
