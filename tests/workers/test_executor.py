@@ -15,6 +15,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from planner.errors import InvalidProgramError
 from planner.graph.capture import capture
 from planner.models import ModelSpec, load_model
 from planner.profiling.measure import cpu_peaks
@@ -139,6 +140,9 @@ def test_a_uniform_plan_copies_no_more_than_the_model(name: str) -> None:
     assert torch.equal(execute(cap, steps, x), expected)
     assert _copies(lambda: execute(cap, steps, x)) <= model_copies
     assert torch.equal(x, loaded.example(3))  # the request itself is never written to
+    # a uniform program runs without the walk, but only a valid one: out of order, refused
+    with pytest.raises(InvalidProgramError):
+        execute(cap, [*steps[1:], steps[0]], x)
 
 
 def test_a_request_larger_than_the_table_is_split() -> None:
