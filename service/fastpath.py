@@ -67,6 +67,10 @@ class FastPathApp(FastAPI):
         self._lean: list[_Lean] = []
         self._lean_stack: ASGIApp | None = None
 
+    def add_middleware(self, *args: Any, **kwargs: Any) -> None:
+        super().add_middleware(*args, **kwargs)
+        self._lean_stack = None  # built again, with it, at the next lean request
+
     def include_router(self, router: APIRouter, *, prefix: str = "", **kwargs: Any) -> None:
         super().include_router(router, prefix=prefix, **kwargs)
         if kwargs.get("dependencies"):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import inspect
 import operator
 import threading
@@ -32,7 +33,7 @@ from planner.errors import ModelError, TraceError
 from planner.graph.decompose import DItem, DOp, DOpaque, DParallel, DSeries, decompose, walk_vertices
 from planner.graph.inspect import PARTS, BatchInspector, NodeInfo, describe, batch_buffer
 from planner.models import LoadedModel
-from planner.tree import Layer, Parallel, Series
+from planner.tree import Layer, Parallel, Series, iter_nodes
 
 HEAVY_MODULES: tuple[type[nn.Module], ...] = (
     nn.modules.conv._ConvNd, nn.Linear, nn.Bilinear, nn.Embedding,
@@ -179,6 +180,12 @@ class Capture:
     @property
     def input_shape(self) -> tuple[int, ...]:
         return self.model.input_shape
+
+    @functools.cached_property
+    def uniform_order(self) -> tuple[str, ...]:
+        """Every unit and block of the tree once, in the order a program runs them: the steps
+        of a uniform program (every unit on the whole request)."""
+        return tuple(n.name for n in iter_nodes(self.tree) if isinstance(n, (Layer, Parallel)))
 
 
 IN_PLACE_OPERATORS: dict[Any, Any] = {operator.iadd: operator.add, operator.isub: operator.sub,

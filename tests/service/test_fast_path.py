@@ -5,11 +5,12 @@ at most two thread hops per request, and on the CPU all torch work runs on one t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import io
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -92,16 +93,24 @@ def test_a_lone_request_runs_at_once_and_requests_gather_while_the_model_is_busy
     run(main())
 
 
+@contextlib.asynccontextmanager
+async def one_batch_held(app: Any) -> AsyncIterator[tuple[Any, Gate, asyncio.Task[Any]]]:
+    """The tiny model's app running, with one batch held on the model's thread (its gate
+    closed): the model's entry, the gate and the held request's task."""
+    async with running(app):
+        entry = app.state.registry.entries["tiny"]
+        gate = Gate(entry)
+        held = asyncio.create_task(entry.batcher.submit(x_(1, 9)))
+        await asyncio.wait_for(gate.entered.wait(), 30)
+        yield entry, gate, held
+
+
 def test_one_buffer_per_batch_and_views_of_the_output(make_settings: Callable[..., Settings]) -> None:
     app = create_app(make_settings())
 
     async def main() -> None:
-        async with running(app):
-            entry = app.state.registry.entries["tiny"]
+        async with one_batch_held(app) as (entry, gate, held):
             batcher = entry.batcher
-            gate = Gate(entry)
-            held = asyncio.create_task(batcher.submit(x_(1, 9)))
-            await asyncio.wait_for(gate.entered.wait(), 30)
             xs = [x_(1, 10), x_(2, 11)]
             both = [asyncio.create_task(batcher.submit(x)) for x in xs]
             await asyncio.sleep(0)  # both queued before the gate opens
@@ -127,12 +136,8 @@ def test_a_request_with_values_that_are_not_finite_fails_alone(
     app = create_app(make_settings())
 
     async def main() -> None:
-        async with running(app):
-            entry = app.state.registry.entries["tiny"]
+        async with one_batch_held(app) as (entry, gate, held):
             batcher = entry.batcher
-            gate = Gate(entry)
-            held = asyncio.create_task(batcher.submit(x_(1, 9)))
-            await asyncio.wait_for(gate.entered.wait(), 30)
             bad = x_(1, 12)
             bad[0, 1, 2, 3] = np.nan
             xs = [x_(1, 10), bad, x_(2, 11)]
