@@ -4,7 +4,10 @@ A tree is made of four kinds of node (DESIGN.md, schema ``vbs.profile/1``):
 
 - ``Layer``  (kind ``layer`` or ``opaque``): one unit run as a whole; ``time[b-1]`` is the
   total seconds to run b samples at once, ``ws[b-1]`` the workspace bytes at batch b;
-  an optional ``energy[b-1]`` (same shape as ``time``) lets the solver minimise energy.
+  an optional ``energy[b-1]`` (same shape as ``time``) lets the solver minimise energy;
+  ``inplace`` (optional, false) marks a unit that only writes into its input, such as the
+  in-place ReLU after a residual add: run on every sample of a buffer nobody else reads,
+  its output is that buffer (the executor's walk counts no new output then).
 - ``Series``: children run one after the other; each child's ``out`` is the next one's ``in``.
 - ``Parallel``: a fork tensor (``in`` bytes per sample) read by every branch, and a join
   tensor (``out`` bytes per sample) that each branch folds its output into (``join`` says
@@ -41,6 +44,9 @@ class Layer:
     kind: str = "layer"  # "layer" | "opaque"
     ops: tuple[str, ...] = ()  # the traced ops it runs, for display only
     energy: tuple[float, ...] = ()  # joules for b samples at once, where a counter exists
+    # it only writes into its input (the in-place ReLU after a residual add): run on every
+    # sample of a buffer nobody else reads, its output is that buffer and it allocates nothing
+    inplace: bool = False
 
 
 @dataclass(frozen=True)
@@ -156,6 +162,8 @@ def node_to_json(node: Node, *, measured: bool = True) -> dict[str, Any]:
                 out["energy"] = list(node.energy)
         if node.ops:
             out["ops"] = list(node.ops)
+        if node.inplace:
+            out["inplace"] = True
         return out
     if isinstance(node, Series):
         return {"kind": "series", "name": node.name,
@@ -226,11 +234,18 @@ def node_from_json(raw: Any, *, batch_max: int | None = None, where: str = "root
     name = str(raw.get("name", where))
     here = f"{where} ({name})" if name != where else where
     if kind in ("layer", "opaque"):
-        return Layer(name=name, in_bytes=_size(raw, "in", here), out_bytes=_size(raw, "out", here),
-                     time=_numbers(raw, "time", here, batch_max, whole=False),
-                     ws=_numbers(raw, "ws", here, batch_max, whole=True), kind=kind,
-                     ops=tuple(str(op) for op in raw.get("ops", ())),
-                     energy=_optional_numbers(raw, "energy", here, batch_max))
+        inplace = raw.get("inplace", False)
+        if not isinstance(inplace, bool):
+            raise ProfileError(f"{here}: 'inplace' must be true or false, got {inplace!r}")
+        layer = Layer(name=name, in_bytes=_size(raw, "in", here), out_bytes=_size(raw, "out", here),
+                      time=_numbers(raw, "time", here, batch_max, whole=False),
+                      ws=_numbers(raw, "ws", here, batch_max, whole=True), kind=kind,
+                      ops=tuple(str(op) for op in raw.get("ops", ())),
+                      energy=_optional_numbers(raw, "energy", here, batch_max), inplace=inplace)
+        if inplace and layer.in_bytes != layer.out_bytes:
+            raise ProfileError(f"{here}: an 'inplace' unit writes its output into its input, so "
+                               f"'in' and 'out' must be equal ({layer.in_bytes} != {layer.out_bytes})")
+        return layer
     if kind == "series":
         children_raw = _need(raw, "children", here)
         if not isinstance(children_raw, list):

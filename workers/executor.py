@@ -38,6 +38,9 @@ class TorchBackend:
     def run(self, unit: Layer, x: torch.Tensor, samples: int) -> torch.Tensor:
         return run_unit(self.capture, unit, x)
 
+    def run_in_place(self, unit: Layer, chunk: torch.Tensor, samples: int) -> torch.Tensor:
+        return run_unit(self.capture, unit, chunk, in_place=True)
+
     def view(self, chunk: torch.Tensor, start: int, samples: int) -> torch.Tensor:
         if start == 0 and samples == chunk.shape[0]:
             return chunk

@@ -73,6 +73,9 @@ class Unit:
     out_shape: tuple[int, ...]  # per sample
     ops: tuple[str, ...]
     channels_last: bool = False  # the layout of its output in the model
+    # for a unit that only writes into its input (``Layer.inplace``): its ops as the model runs
+    # them, in place; ``call`` then writes a new tensor (see ``write_new_tensors``)
+    in_place: fx.GraphModule | None = field(default=None, repr=False, compare=False)
     call: Callable[[torch.Tensor], torch.Tensor] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -218,6 +221,40 @@ def _without_inplace(node: fx.Node) -> bool:
     bound.arguments["inplace"] = False
     node.args, node.kwargs = tuple(bound.args), dict(bound.kwargs)
     return True
+
+
+def _writes_in_place(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """Whether ``node`` writes its result into its first argument (and returns it)."""
+    if node.op == "call_module":
+        return getattr(gm.get_submodule(str(node.target)), "inplace", None) is True
+    if node.op == "call_function":
+        if _new_tensor_twin(node.target) is not None:
+            return True
+        try:
+            bound = inspect.signature(node.target).bind(*node.args, **node.kwargs)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return False
+        return bound.arguments.get("inplace") is True
+    if node.op == "call_method":
+        name = str(node.target)
+        return (name.endswith("_") and not name.endswith("__")
+                and callable(getattr(torch.Tensor, name[:-1], None)))
+    return False
+
+
+def only_writes_its_input(gm: fx.GraphModule) -> bool:
+    """Whether a unit is a chain of in-place ops on its input (each reads the one before it,
+    and nothing else reads that): run as the model runs it, its output is its input."""
+    nodes = list(gm.graph.nodes)
+    previous = next(n for n in nodes if n.op == "placeholder")
+    inner = [n for n in nodes if n.op not in ("placeholder", "output")]
+    for node in inner:
+        if (not node.args or node.args[0] is not previous or len(previous.users) != 1
+                or not _writes_in_place(gm, node)):
+            return False
+        previous = node
+    output = next(n for n in nodes if n.op == "output")
+    return bool(inner) and output.args[0] is previous
 
 
 def write_new_tensors(gm: fx.GraphModule) -> bool:
@@ -545,15 +582,20 @@ class _Builder:
         self.copy_nodes(g, env, body, env[source])
         g.output(env[nodes[-1]])
         module = fx.GraphModule(self.gm, g)
-        if all(u in inside for u in source.users if not _reads_shape(u)):
+        in_bytes, out_bytes = self.infos[source].bytes_per_sample, self.infos[nodes[-1]].bytes_per_sample
+        in_place = None
+        if all(u in inside for u in source.users if not _reads_shape(u)):  # its input is its own
+            if kind == "layer" and in_bytes == out_bytes and only_writes_its_input(module):
+                in_place = fx.GraphModule(self.gm, copy.deepcopy(g))
             write_new_tensors(module)
         ops = tuple(n.name for n in nodes)
         for n in nodes:
             self.owner[n.name] = name
         self.units[name] = Unit(name, module, self.infos[nodes[-1]].shape, ops,
-                               channels_last=self.infos[nodes[-1]].channels_last)
-        return Layer(name=name, in_bytes=self.infos[source].bytes_per_sample,
-                     out_bytes=self.infos[nodes[-1]].bytes_per_sample, kind=kind, ops=ops)
+                               channels_last=self.infos[nodes[-1]].channels_last,
+                               in_place=in_place)
+        return Layer(name=name, in_bytes=in_bytes, out_bytes=out_bytes, kind=kind, ops=ops,
+                     inplace=in_place is not None)
 
     def series(self, ds: DSeries, source: fx.Node, name: str,
                vertex: Callable[[int], fx.Node]) -> Series:

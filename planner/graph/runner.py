@@ -22,22 +22,29 @@ from planner.tree import Layer, Node, Series, fold_order
 Around = Callable[[str], ContextManager[Any]]
 
 
-def run_unit(capture: Capture, unit: Layer, x: torch.Tensor) -> torch.Tensor:
-    """One unit on ``x``, its output in a buffer of its own.
+def run_unit(capture: Capture, unit: Layer, x: torch.Tensor, *, in_place: bool = False
+             ) -> torch.Tensor:
+    """One unit on ``x``, its output in a buffer of its own; with ``in_place`` (an ``inplace``
+    unit on a buffer nobody else reads: see ``planner.solver.layout``), in ``x`` itself.
 
     A unit whose output is a view of its input (ShuffleNet's channel split; an in-place op on
     the input computes a new tensor since capture, see ``write_new_tensors``) gets it copied:
     the executor's walk counts a new output buffer and frees the input's chunk once its
     samples are taken, but a view would pin that whole chunk for as long as the output lives
     (measured on resnet50: 1.9 MB above the table's claim, past the budget)."""
-    y = capture.units[unit.name].call(x)
+    ran = capture.units[unit.name]
+    if in_place and ran.in_place is not None:
+        return ran.in_place(x)
+    y = ran.call(x)
     if y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
         y = y.clone(memory_format=torch.contiguous_format)
     return y
 
 
-def run_node(capture: Capture, node: Node, x: torch.Tensor, around: Around | None = None) -> torch.Tensor:
-    """Run one node of the tree on all the samples of ``x`` at once.
+def run_node(capture: Capture, node: Node, x: torch.Tensor, around: Around | None = None,
+             own: bool = False) -> torch.Tensor:
+    """Run one node of the tree on all the samples of ``x`` at once (``own``: nobody else
+    reads ``x``, so an ``inplace`` unit writes into it, as the executor's walk does).
 
     ``around(name)``, when given, wraps every unit run (named after the unit) and every fold
     into a join (named after the block): the profiler times and measures them in place, in
@@ -45,12 +52,14 @@ def run_node(capture: Capture, node: Node, x: torch.Tensor, around: Around | Non
     """
     if isinstance(node, Layer):
         if around is None:
-            return run_unit(capture, node, x)
+            return run_unit(capture, node, x, in_place=own)
         with around(node.name):
-            return run_unit(capture, node, x)
+            return run_unit(capture, node, x, in_place=own)
     if isinstance(node, Series):
-        for child in node.children:
-            x = run_node(capture, child, x, around)
+        for i, child in enumerate(node.children):
+            # a series' input is its caller's (the request, a fork its siblings read); what a
+            # child gets from the one before it is this series' own, to write into in place
+            x = run_node(capture, child, x, around, own=i > 0)
         return x
     join = capture.joins[node.name]
     out = join.empty(x, x.shape[0])

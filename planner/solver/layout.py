@@ -17,7 +17,10 @@ is freed as soon as all its samples have been taken and the step reading the las
 finished, a gather buffer as soon as its step has finished. A parallel block's phase takes
 its fork (C samples) the same way, allocates its join buffer, and every branch's last unit
 folds its sub-batch into the join buffer in place; the join buffer is the block's output
-chunk when the phase closes. An ``add`` join folds its identity branch last, and its first
+chunk when the phase closes. A unit marked ``inplace`` (it only writes into its input) that
+takes every sample of a chunk of its own (not the request, not a fork that other branches
+read) keeps that chunk as its output and allocates nothing; on part of a chunk it writes a new
+output like any unit. An ``add`` join folds its identity branch last, and its first
 fold, when it brings every sample of the phase, is taken over as the join buffer rather than
 copied into it (the buffer allocated at the open is dropped then: the same bytes, so what is
 held at every moment is unchanged; on the CPU the dropped buffer was never written to).
@@ -53,6 +56,9 @@ class Backend(Protocol[H]):
 
     def run(self, unit: Layer, x: H, samples: int) -> H:
         """Run a unit on ``samples`` samples; returns its (newly allocated) output."""
+
+    def run_in_place(self, unit: Layer, chunk: H, samples: int) -> H:
+        """Run an ``inplace`` unit on all of a chunk nobody else reads; the chunk is its output."""
 
     def view(self, chunk: H, start: int, samples: int) -> H:
         """Samples ``start..start+samples`` of a chunk, without copying."""
@@ -96,6 +102,7 @@ class _Chunk(Generic[H]):
 class _Take(Generic[H]):
     tensor: H
     release: list[H] = field(default_factory=list)  # freed when the reading step finishes
+    whole: H | None = None  # a buffer of the step's own, all taken: an inplace unit may keep it
 
 
 @dataclass
@@ -158,6 +165,7 @@ def _take(backend: Backend[H], chain: _Chain, position: int, samples: int,
     if head.samples - head.taken >= samples:
         if seen is not None and head.key is not None:
             seen.setdefault(head.key, []).append(samples)
+        whole = head.owned and head.taken == 0 and samples == head.samples
         view = backend.view(head.buffer, head.taken, samples)
         head.taken += samples
         release = []
@@ -165,7 +173,7 @@ def _take(backend: Backend[H], chain: _Chain, position: int, samples: int,
             queue.popleft()
             if head.owned:
                 release.append(head.buffer)
-        return _Take(view, release)
+        return _Take(view, release, head.buffer if whole else None)
     producer = chain.series.children[position - 1]
     buffer = backend.gather(producer, samples)
     filled = 0
@@ -181,7 +189,7 @@ def _take(backend: Backend[H], chain: _Chain, position: int, samples: int,
             queue.popleft()
             if head.owned:
                 backend.free(head.buffer)  # its samples now live in the gather buffer
-    return _Take(buffer, [buffer])
+    return _Take(buffer, [buffer], buffer)
 
 
 def _finish(backend: Backend[H], take: _Take[H]) -> None:
@@ -189,6 +197,7 @@ def _finish(backend: Backend[H], take: _Take[H]) -> None:
         backend.free(buffer)
     take.release.clear()
     take.tensor = None  # type: ignore[assignment]  # drop the view: it pins its chunk
+    take.whole = None
 
 
 def walk(backend: Backend[H], root: Series, steps: Iterable[Step], x: H, samples: int,
@@ -268,7 +277,11 @@ def walk(backend: Backend[H], root: Series, steps: Iterable[Step], x: H, samples
             raise InvalidProgramError(f"step {k}: {step.unit!r} on {step.samples} samples")
         take = _take(backend, chain, position, step.samples, seen)
         if isinstance(node, Layer):
-            out = backend.run(node, take.tensor, step.samples)
+            if node.inplace and take.whole is not None:  # the chunk becomes the output
+                out = backend.run_in_place(node, take.whole, step.samples)
+                take.release.clear()
+            else:
+                out = backend.run(node, take.tensor, step.samples)
             _finish(backend, take)
             deliver(chain, position, out, step.samples, node, k)
         else:
@@ -331,6 +344,10 @@ class MemoryAccount:
         out = allocation(unit.out_bytes * samples, self.granule)
         self._level(self.live + unit.ws[samples - 1] + out)
         return self._alloc(unit.out_bytes * samples)
+
+    def run_in_place(self, unit: Layer, chunk: int, samples: int) -> int:
+        self._level(self.live + unit.ws[samples - 1])
+        return chunk
 
     def view(self, chunk: int, start: int, samples: int) -> int:
         return 0

@@ -80,6 +80,15 @@ def test_paper_example_written_by_hand_loads() -> None:
     assert profile_from_json(profile_to_json(profile)) == profile
     bare = dict(PAPER_EXAMPLE, root=PAPER_EXAMPLE["root"]["children"])  # a bare list is a chain
     assert profile_from_json(bare).root.children == profile.root.children
+    # a unit that only writes into its input says so (optional: absent is false)
+    raw = json.loads(json.dumps(PAPER_EXAMPLE))
+    middle = raw["root"]["children"][1]
+    raw["root"]["children"].insert(2, {"kind": "layer", "name": "relu", "in": middle["out"],
+                                       "out": middle["out"], "time": [0.0] * raw["batch_max"],
+                                       "ws": [0] * raw["batch_max"], "inplace": True})
+    with_relu = profile_from_json(raw)
+    assert with_relu.root.children[2].inplace and not with_relu.root.children[1].inplace
+    assert profile_from_json(profile_to_json(with_relu)) == with_relu
 
 
 @pytest.mark.parametrize("change, message", [
@@ -89,6 +98,8 @@ def test_paper_example_written_by_hand_loads() -> None:
     (lambda p: p.update(batch_max=0), "batch_max"),
     (lambda p: p["root"]["children"][2].update(name="L1"), "unique"),
     (lambda p: p["root"]["children"][0].update(kind="conv"), "unknown kind"),
+    (lambda p: p["root"]["children"][0].update(inplace="yes"), "'inplace' must be true or false"),
+    (lambda p: p["root"]["children"][0].update({"inplace": True, "out": 2}), "'in' and 'out' must be equal"),
 ])
 def test_bad_profiles_are_refused_with_a_reason(change, message) -> None:
     raw = json.loads(json.dumps(PAPER_EXAMPLE))

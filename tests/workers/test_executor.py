@@ -11,6 +11,7 @@ profiler equals that claim (to the byte, but for units whose output is a view).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -18,13 +19,14 @@ import torch
 from planner.errors import InvalidProgramError
 from planner.graph.capture import capture
 from planner.models import ModelSpec, load_model
-from planner.profiling.measure import cpu_peaks
+from planner.graph.runner import run_node
+from planner.profiling.measure import cpu_memory_regions, cpu_peaks
 from planner.profiling.profiler import ProfileOptions, measure
-from planner.solver.layout import executor_peak
+from planner.solver.layout import account, executor_peak, walk
 from planner.solver.program import Step
 from planner.solver.table import build_table
 from planner.tree import Layer, Parallel, iter_nodes
-from workers.executor import execute
+from workers.executor import TorchBackend, execute
 from workers.memory import MemoryProbe
 from workers.worker import Worker
 
@@ -89,28 +91,65 @@ def test_plans_run_exactly_within_memory(name: str) -> None:
             _check(worker, r, limit)
 
 
-def test_a_unit_whose_output_is_its_input_allocates_what_the_walk_counts() -> None:
-    """An in-place ReLU after a residual add returns a view of the join's buffer. Run on 2 of
-    its 4 samples at a time, its outputs would pin the whole join buffer after the walk has
-    freed it (it counts a new output per step), and the wide convolution after it, the peak,
-    would run above the claim (by 2 samples of the join, 128 KiB, before the executor gave
-    such outputs their own buffer; resnet50's plans ran 1.9 MB above theirs)."""
+def test_an_inplace_unit_writes_into_a_buffer_of_its_own_as_the_walk_counts() -> None:
+    """The ReLU after a residual add only writes into its input: taking every sample of the
+    join's buffer, it runs in place there, as the model runs it, and the walk counts no new
+    output for it; on part of the buffer it writes a new tensor. Either way the run allocates
+    what the walk says, to the byte, by the walk and by the reference runner (uniform).
+
+    On 2 of the 4 samples at a time, the model's in-place ReLU would return views of the
+    join's buffer, and those would pin it after the walk has freed it: the wide convolution
+    after it, the peak, ran above the claim by 2 samples of the join (128 KiB) before such
+    outputs got buffers of their own (resnet50's plans ran 1.9 MB above theirs)."""
     torch.manual_seed(0)
     loaded = load_model(ModelSpec("tests.planner.factories:inplace_residual",
                                   input_shape=(3, 16, 16)))
     cap = capture(loaded)
     profile = measure(cap, ProfileOptions(batch_max=4, repeats=1, warmup=0), progress=False)
     stem, block, relu, wide, narrow = profile.root.children
+    assert isinstance(relu, Layer) and relu.inplace
+    assert not any(n.inplace for n in iter_nodes(profile.root) if isinstance(n, Layer) and n is not relu)
     inner = block.branches[0].children[0]  # type: ignore[union-attr]
-    steps = [Step(stem.name, 4), Step(block.name, 4), Step(inner.name, 4), Step(relu.name, 2),
-             Step(relu.name, 2), Step(wide.name, 2), Step(wide.name, 2), Step(narrow.name, 2),
-             Step(narrow.name, 2)]
+    head = [Step(stem.name, 4), Step(block.name, 4), Step(inner.name, 4)]
+    uniform = [*head, Step(relu.name, 4), Step(wide.name, 4), Step(narrow.name, 4)]
+    walked = [*head, Step(relu.name, 4), Step(wide.name, 2), Step(wide.name, 2),
+              Step(narrow.name, 2), Step(narrow.name, 2)]
+    halves = [*head, Step(relu.name, 2), Step(relu.name, 2), Step(wide.name, 2),
+              Step(wide.name, 2), Step(narrow.name, 2), Step(narrow.name, 2)]
+    join = relu.in_bytes * 4
+    assert account(profile.root, uniform, 4).needs[3] == join  # the ReLU: nothing new
+    assert account(profile.root, halves, 4).needs[3] == join + relu.out_bytes * 2
     x = loaded.example(4, seed=1)
     with torch.inference_mode():
         expected = loaded.module(x.clone())
-    torch.testing.assert_close(execute(cap, steps, x.clone()), expected)
-    measured = cpu_peaks([("run", lambda a: execute(cap, steps, a), lambda: x.clone())])["run"]
-    assert measured == executor_peak(profile.root, steps, 4)
+    for steps in (uniform, walked, halves):
+        torch.testing.assert_close(execute(cap, steps, x), expected)
+        measured = cpu_peaks([("run", lambda a: execute(cap, steps, a), lambda: x.clone())])["run"]
+        assert measured == executor_peak(profile.root, steps, 4)
+    assert torch.equal(x, loaded.example(4, seed=1))
+
+    class Timed(TorchBackend):  # the executor's own back end, each unit's run a region
+        region: Callable[[str], Any]
+
+        def run(self, unit: Layer, x: torch.Tensor, samples: int) -> torch.Tensor:
+            with self.region(f"{unit.name}|{samples}"):
+                return super().run(unit, x, samples)
+
+        def run_in_place(self, unit: Layer, chunk: torch.Tensor, samples: int) -> torch.Tensor:
+            with self.region(f"{unit.name}|{samples}"):
+                return super().run_in_place(unit, chunk, samples)
+
+    def allocated(steps: list[Step]) -> dict[str, int]:
+        def body(region: Callable[[str], Any]) -> None:
+            backend = Timed(cap, x)
+            backend.region = region
+            walk(backend, cap.tree, steps, x.clone(), 4)
+        return cpu_memory_regions(body)
+
+    assert allocated(walked)[f"{relu.name}|4"] == 0  # in the join's buffer
+    assert allocated(halves)[f"{relu.name}|2"] == relu.out_bytes * 2  # a new tensor
+    by_runner = cpu_memory_regions(lambda region: run_node(cap, cap.tree, x.clone(), region))
+    assert by_runner[relu.name] == 0  # the uniform program's runner writes in place too
 
 
 def _copies(run: Callable[[], object]) -> int:
