@@ -210,13 +210,20 @@ def _new_tensor_twin(target: Any) -> Any:
     return None
 
 
-def _without_inplace(node: fx.Node) -> bool:
-    """Set a call's ``inplace=True`` argument (by keyword or position) to False; whether it had one."""
+def _inplace_argument(node: fx.Node) -> inspect.BoundArguments | None:
+    """A call's arguments bound to its signature, when it was given ``inplace=True`` (by
+    keyword or position); else None."""
     try:
         bound = inspect.signature(node.target).bind(*node.args, **node.kwargs)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        return False
-    if bound.arguments.get("inplace") is not True:
+        return None
+    return bound if bound.arguments.get("inplace") is True else None
+
+
+def _without_inplace(node: fx.Node) -> bool:
+    """Set a call's ``inplace=True`` argument to False; whether it had one."""
+    bound = _inplace_argument(node)
+    if bound is None:
         return False
     bound.arguments["inplace"] = False
     node.args, node.kwargs = tuple(bound.args), dict(bound.kwargs)
@@ -228,13 +235,7 @@ def _writes_in_place(gm: fx.GraphModule, node: fx.Node) -> bool:
     if node.op == "call_module":
         return getattr(gm.get_submodule(str(node.target)), "inplace", None) is True
     if node.op == "call_function":
-        if _new_tensor_twin(node.target) is not None:
-            return True
-        try:
-            bound = inspect.signature(node.target).bind(*node.args, **node.kwargs)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            return False
-        return bound.arguments.get("inplace") is True
+        return _new_tensor_twin(node.target) is not None or _inplace_argument(node) is not None
     if node.op == "call_method":
         name = str(node.target)
         return (name.endswith("_") and not name.endswith("__")
