@@ -18,8 +18,9 @@ parts the app's own stack is built from, in the same order: a guard that answers
 exception with the app's handler for ``Exception`` (as Starlette's ServerErrorMiddleware, then
 re-raising it for the server to log), the app's user middleware (the metrics), and the
 endpoint, whose exceptions go to the app's handlers by class (as Starlette's
-ExceptionMiddleware looks them up). Every other request, and these routes under a root path,
-go through FastAPI unchanged; OpenAPI documents them from the same routes.
+ExceptionMiddleware looks them up). Every other request, and these routes under a root path
+or with Starlette's own body-size limit set, go through FastAPI unchanged; OpenAPI documents
+them from the same routes.
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ class FastPathApp(FastAPI):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (self._lean and scope["type"] == "http" and scope["method"] == "POST"
-                and not self.root_path and not scope.get("root_path")):
+                and not self.root_path and not scope.get("root_path")
+                and getattr(self, "max_body_size", None) is None):  # Starlette's own limit
             path = scope["path"]
             for lean in self._lean:
                 match = lean.pattern.match(path)
@@ -102,8 +104,6 @@ class FastPathApp(FastAPI):
     def _build_lean_stack(self) -> ASGIApp:
         """The lean routes' stack, from the app as it is at its first such request (as
         Starlette builds its own middleware stack then)."""
-        if getattr(self, "max_body_size", None) is not None:  # Starlette's own limit: not mirrored
-            self._lean = []
         handlers: dict[Any, Handler] = {}
         on_error: Handler | None = None
         for key, value in self.exception_handlers.items():
