@@ -86,21 +86,26 @@ class Unit:
         return batch_buffer(like, samples, self.out_shape, self.channels_last)
 
 
+def _chain(gm: fx.GraphModule) -> list[fx.Node]:
+    """A unit's ops when they form a chain from its input to its output (each reads the one
+    before it as its first argument, and nothing else reads that); else []."""
+    nodes = list(gm.graph.nodes)
+    previous = next(n for n in nodes if n.op == "placeholder")
+    inner = [n for n in nodes if n.op not in ("placeholder", "output")]
+    for node in inner:
+        if not node.args or node.args[0] is not previous or len(previous.users) != 1:
+            return []
+        previous = node
+    output = next(n for n in nodes if n.op == "output")
+    return inner if output.args[0] is previous else []
+
+
 def _runner(gm: fx.GraphModule) -> Callable[[torch.Tensor], torch.Tensor]:
     """What runs a unit's GraphModule on its input (see ``Unit``)."""
-    nodes = list(gm.graph.nodes)
-    inner = [n for n in nodes if n.op not in ("placeholder", "output")]
-    previous = next((n for n in nodes if n.op == "placeholder"), None)
-    chain: list[nn.Module] = []
-    for n in inner:
-        if n.op != "call_module" or n.args != (previous,) or n.kwargs:
-            return gm.forward
-        chain.append(gm.get_submodule(str(n.target)))
-        previous = n
-    output = next(n for n in nodes if n.op == "output")
-    if not chain or output.args[0] is not previous:
+    nodes = _chain(gm)
+    if not nodes or any(n.op != "call_module" or len(n.args) != 1 or n.kwargs for n in nodes):
         return gm.forward
-    modules = tuple(chain)
+    modules = tuple(gm.get_submodule(str(n.target)) for n in nodes)
 
     def run(x: torch.Tensor) -> torch.Tensor:
         for m in modules:
@@ -244,18 +249,10 @@ def _writes_in_place(gm: fx.GraphModule, node: fx.Node) -> bool:
 
 
 def only_writes_its_input(gm: fx.GraphModule) -> bool:
-    """Whether a unit is a chain of in-place ops on its input (each reads the one before it,
-    and nothing else reads that): run as the model runs it, its output is its input."""
-    nodes = list(gm.graph.nodes)
-    previous = next(n for n in nodes if n.op == "placeholder")
-    inner = [n for n in nodes if n.op not in ("placeholder", "output")]
-    for node in inner:
-        if (not node.args or node.args[0] is not previous or len(previous.users) != 1
-                or not _writes_in_place(gm, node)):
-            return False
-        previous = node
-    output = next(n for n in nodes if n.op == "output")
-    return bool(inner) and output.args[0] is previous
+    """Whether a unit is a chain of in-place ops on its input: run as the model runs it, its
+    output is its input."""
+    nodes = _chain(gm)
+    return bool(nodes) and all(_writes_in_place(gm, n) for n in nodes)
 
 
 def write_new_tensors(gm: fx.GraphModule) -> bool:
@@ -270,32 +267,26 @@ def write_new_tensors(gm: fx.GraphModule) -> bool:
     x = next(n for n in gm.graph.nodes if n.op == "placeholder")
     changed = False
     for node in list(x.users):
-        if not node.args or node.args[0] is not x:
+        if not node.args or node.args[0] is not x or not _writes_in_place(gm, node):
             continue
         if node.op == "call_module":
             module = gm.get_submodule(str(node.target))
-            stateless = next(iter(module.parameters()), None) is None \
-                and next(iter(module.buffers()), None) is None
-            if getattr(module, "inplace", None) is True and stateless:
-                twin = copy.deepcopy(module)
-                twin.inplace = False
-                name = f"{str(node.target).replace('.', '_')}_new_tensor"
-                gm.add_submodule(name, twin)
-                node.target = name
-                changed = True
+            if next(iter(module.parameters()), None) is not None \
+                    or next(iter(module.buffers()), None) is not None:
+                continue  # a module with state is not copied: its output is copied instead
+            twin = copy.deepcopy(module)
+            twin.inplace = False
+            node.target = f"{str(node.target).replace('.', '_')}_new_tensor"
+            gm.add_submodule(node.target, twin)
         elif node.op == "call_function":
             twin = _new_tensor_twin(node.target)
             if twin is not None:
                 node.target = twin
-                changed = True
             else:
-                changed = _without_inplace(node) or changed
-        elif node.op == "call_method":
-            name = str(node.target)
-            if name.endswith("_") and not name.endswith("__") and callable(
-                    getattr(torch.Tensor, name[:-1], None)):
-                node.target = name[:-1]
-                changed = True
+                _without_inplace(node)
+        else:  # a method such as relu_: its twin without the underscore
+            node.target = str(node.target)[:-1]
+        changed = True
     if changed:
         gm.recompile()
     return changed
