@@ -1,6 +1,7 @@
 """What a request waits for besides the model, at one client: the breakdown, server side.
 
     python bench/overhead.py [--model squeezenet1_0] [--duration 20] [--rounds 2]
+                             [--trees DIR,DIR...]
 
 `vbs serve` (its own process, the tables of ``vbs plan``, defaults otherwise) and one client
 sending one-sample ``.npy`` requests one after another (``service.loadtest``), as a new user
@@ -12,6 +13,10 @@ rest). Reading the body from the network, paced by the client, is reported apart
 (``vbs_receive_seconds``), as perf_analyzer separates it. Histogram medians are
 interpolated in the histogram's buckets (as Prometheus' histogram_quantile does); the share of
 requests whose rest took at most 1 ms is exact (a bucket bound).
+
+``--trees`` serves from each of several checkouts in turn within every round (this one is
+``.``; another may be a ``git worktree add /tmp/before <commit>`` of an earlier commit), so
+a change is compared side by side, interleaved, through the same noise.
 """
 
 from __future__ import annotations
@@ -73,14 +78,17 @@ def main() -> None:
     ap.add_argument("--log-level", default="info",
                     help="vbs serve's, info as `make run` (with VBS_ACCESS_LOG=1 it prints a line a request)")
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "vbs-serve"))
+    ap.add_argument("--trees", default=".",
+                    help="checkouts to serve from, comma-separated, one after another per round")
     args = ap.parse_args()
-    print("| round | client latency p50 (ms) | queue p50 | input p50 | infer p50 | output p50 | "
+    trees = [Path(t).resolve() for t in args.trees.split(",")]
+    print("| round | tree | client latency p50 (ms) | queue p50 | input p50 | infer p50 | output p50 | "
           "server rest p50 (mean) | rest <= 1 ms | server time outside the model p50 (ms) | "
           "receive p50 |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for k in range(1, args.rounds + 1):
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for k, tree in ((k, t) for k in range(1, args.rounds + 1) for t in trees):
         with vbs_serve(["--model", args.model, "--log-level", args.log_level],
-                       {**os.environ, "VBS_CACHE_DIR": args.cache_dir}) as (_, url):
+                       {**os.environ, "VBS_CACHE_DIR": args.cache_dir}, root=tree) as (_, url):
             before = httpx.get(f"{url}/metrics").text
             summary = asyncio.run(run_loadtest(url, args.model, clients=1,
                                                duration_s=args.duration, warmup_s=args.warmup))
@@ -98,7 +106,7 @@ def main() -> None:
         outside = p["queue"] + p["input"] + p["output"] + rest
         ms = [1e3 * v for v in (summary["latency_p50_s"], p["queue"], p["input"], p["infer"],
                                 p["output"])]
-        print(f"| {k} | " + " | ".join(f"{v:.2f}" for v in ms)
+        print(f"| {k} | {tree.name} | " + " | ".join(f"{v:.2f}" for v in ms)
               + f" | {1e3 * rest:.2f} ({1e3 * mean:.2f}) | {100 * under / max(count, 1):.0f}% | "
               f"{1e3 * outside:.2f} | {1e3 * receive:.2f} |", flush=True)
 

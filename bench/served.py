@@ -29,14 +29,16 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def vbs_serve(args: Sequence[str], env: Mapping[str, str] | None = None,
-              what: str = "vbs serve") -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    """``vbs serve ARGS`` on 127.0.0.1 (``env`` or this process's environment): yields the
+              what: str = "vbs serve", root: Path = ROOT
+              ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """``vbs serve ARGS`` on 127.0.0.1 (``env`` or this process's environment) of the checkout
+    ``root`` (this one, or another such as a ``git worktree`` of an earlier commit): yields the
     process and its base URL once ``/v2/health/ready`` answers 200."""
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "service.commands", "serve", *args, "--host", "127.0.0.1",
          "--port", str(port)],
-        env={**(env if env is not None else os.environ), "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+        env={**(env if env is not None else os.environ), "PYTHONPATH": str(root)}, cwd=root)
     url = f"http://127.0.0.1:{port}"
     try:
         while True:

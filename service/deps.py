@@ -29,6 +29,7 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.datastructures import QueryParams
 from starlette.responses import Response
 
 from planner.settings import Settings
@@ -174,21 +175,21 @@ async def inference_call(request: Request, query: type[Q]) -> tuple[Q, bytes]:
     settings: Settings = request.app.state.settings
     if settings.api_key is not None:
         check_api_key(settings, bearer_token(request))
-    if not request.scope.get("query_string"):
-        return _no_parameters(query), await read_body(request, settings)
-    params = request.query_params
+    return _parameters(query, request.scope.get("query_string", b"")), \
+        await read_body(request, settings)
+
+
+@functools.lru_cache(maxsize=256)
+def _parameters(query: type[Q], query_string: bytes) -> Q:
+    """A route's query parameters, parsed and validated once per query string (clients send
+    the same few again and again; frozen: one instance serves all; a refused one raises, and is
+    not cached)."""
+    params = QueryParams(query_string)
     try:
-        parsed = query.model_validate({k: params[k] for k in query.model_fields if k in params})
+        return query.model_validate({k: params[k] for k in query.model_fields if k in params})
     except ValidationError as exc:
         raise RequestValidationError([{**e, "loc": ("query", *e["loc"])}
                                       for e in exc.errors(include_url=False)]) from exc
-    return parsed, await read_body(request, settings)
-
-
-@functools.cache
-def _no_parameters(query: type[Q]) -> Q:
-    """A route's query parameters when the request has none (frozen: one instance serves all)."""
-    return query.model_validate({})
 
 
 def lean_openapi(query: type[BaseModel], extra: dict[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import Callable
 
 import numpy as np
+import pytest
 
 from planner.errors import InfeasibleError
 from planner.settings import Settings
@@ -183,8 +184,10 @@ def test_a_failed_batch_fails_every_request_in_it(make_settings: Callable[..., S
     run(main())
 
 
-def test_shutdown_answers_every_accepted_request(make_settings: Callable[..., Settings]) -> None:
-    app = create_app(make_settings(max_batch_delay_ms=1))
+@pytest.mark.parametrize("delay_ms", [0, 1])  # 0: the first request went to the model from submit
+def test_shutdown_answers_every_accepted_request(make_settings: Callable[..., Settings],
+                                                 delay_ms: int) -> None:
+    app = create_app(make_settings(max_batch_delay_ms=delay_ms))
 
     async def main() -> None:
         inputs = [x_(4, s) for s in range(6)]  # 4 samples: one request per batch

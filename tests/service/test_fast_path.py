@@ -93,6 +93,44 @@ def test_a_lone_request_runs_at_once_and_requests_gather_while_the_model_is_busy
     run(main())
 
 
+def test_a_request_that_finds_the_model_idle_goes_to_it_from_submit(
+        make_settings: Callable[..., Settings]) -> None:
+    """No queue and no loop turn when the model is idle; the loop gathers what comes meanwhile
+    once that batch is answered, and closing waits for such a batch."""
+    app = create_app(make_settings(max_batch_delay_ms=0))
+
+    async def main() -> None:
+        async with running(app):
+            entry = app.state.registry.entries["tiny"]
+            batcher, gate = entry.batcher, Gate(entry)
+            first = asyncio.create_task(batcher.submit(x_(1, 0)))
+            await asyncio.sleep(0)  # one turn: ``first`` runs up to its await, the loop not
+            assert batcher.running and batcher.waiting == 0 and batcher._queue.empty()
+            await asyncio.wait_for(gate.entered.wait(), 30)
+            xs = [x_(1, s) for s in (1, 2)]
+            rest = [asyncio.create_task(batcher.submit(x)) for x in xs]
+            await wait_until(lambda: batcher.waiting == 2, what="2 requests queued")
+            gate.open()
+            assert (await first).batch_samples == 1
+            for x, task in zip(xs, rest):
+                outcome = await task
+                assert outcome.batch_samples == 2  # gathered together after the first batch
+                assert_close(outcome.y, reference(entry, x))
+
+            gate = Gate(entry)  # closed again: a lone request held on the model
+            lone = asyncio.create_task(batcher.submit(x_(1, 3)))
+            await asyncio.wait_for(gate.entered.wait(), 30)
+            closing = asyncio.create_task(batcher.close(timeout_s=30))
+            for _ in range(20):  # loop turns (no timer): closing would be over in 4 if it
+                await asyncio.sleep(0)  # did not wait for the batch on the model
+            assert not closing.done()
+            gate.open()
+            assert_close((await lone).y, reference(entry, x_(1, 3)))
+            await asyncio.wait_for(closing, 30)
+
+    run(main())
+
+
 @contextlib.asynccontextmanager
 async def one_batch_held(app: Any) -> AsyncIterator[tuple[Any, Gate, asyncio.Task[Any]]]:
     """The tiny model's app running, with one batch held on the model's thread (its gate
@@ -382,6 +420,7 @@ def test_lean_routes_skip_the_framework_and_answer_exactly_as_it_would(api_key: 
     requests: list[tuple[str, dict[str, str]]] = [
         ("/p/echo/ok", auth), ("/p/echo/ok?top_k=3", auth), ("/p/echo/ok?top_k=0", auth),
         ("/p/echo/ok?top_k=x", auth), ("/p/echo/bad", auth), ("/p/echo/taken", auth),
+        ("/p/echo/ok?top_k=3", auth), ("/p/echo/ok?top_k=0", auth),  # (parsed once: again)
         ("/p/echo/busy", auth), ("/p/echo/boom", auth), ("/p/echo/ok", {}),
         ("/p/echo/ok", {"Authorization": "Bearer wrong-key-here"})]
 
