@@ -14,7 +14,8 @@ request passes them:
     call     the handler -> its body starts to be read (API key, query parameters)
     receive  reading the body (paced by the client and loopback)
     decode   .npy header, finite check (a view of the body)
-    submit   decoded -> the batcher's loop takes the batch (queue)
+    submit   decoded -> the batch is handed to the model's thread (queue; from the handler
+             itself when the model is idle, else from the batcher's loop)
     to model the batcher hands the batch to the model's thread -> that thread starts
     model    the model's thread: copy into the batch buffer, the plan's run, encoding
     to loop  the model's thread is done -> the loop answers the batch's requests
@@ -97,7 +98,7 @@ def instrument() -> None:
     wrap_async(serving, "decode_infer", None, "decoded")
     wrap_async(serving, "run", None, "resumed")
     wrap_sync(serving, "infer_response", None, "response")
-    wrap_async(batcher.Batcher, "_run", "batch", None)
+    wrap_sync(batcher.Batcher, "_dispatch", "batch", None)
     wrap_sync(batcher.Batcher, "_infer", "thread", "thread_end")
     wrap_sync(batcher.Batcher, "_answer", "answered", None)
 

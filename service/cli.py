@@ -106,6 +106,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from planner.models import ModelSpec, load_model
     from service.main import create_app
+    from service.protocol import HttpProtocol
 
     settings = serve_settings(args)
     for served, name, shape in settings.served_models:  # fail fast on a model that cannot load
@@ -117,7 +118,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                             format="%(asctime)s %(name)s %(levelname)s %(message)s")
     log.info("serving %s on http://%s:%d (store %s)", ", ".join(settings.models), settings.host,
              settings.port, settings.store_location)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, http=HttpProtocol,
                 log_level=args.log_level, access_log=settings.access_log,
                 timeout_graceful_shutdown=int(settings.request_timeout_s) + 5)
     return 0

@@ -27,6 +27,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from planner.settings import Settings
+from service.protocol import HttpProtocol
 from service.registry import ModelEntry
 
 TINY = "tiny=tests.planner.factories:two_layer@3x8x8"
@@ -82,7 +83,8 @@ class ServerThread:
     def __init__(self, app: FastAPI) -> None:
         self.app = app
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0,
-                                                    log_level="warning", lifespan="on"))
+                                                    log_level="warning", lifespan="on",
+                                                    http=HttpProtocol))  # as `vbs serve`
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
         self.url = ""
 
