@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 from planner.settings import Settings  # noqa: E402
 from service import batcher, deps, serving  # noqa: E402
 from service.main import create_app  # noqa: E402
+from service.protocol import HttpProtocol  # noqa: E402
 from service.routers import inference  # noqa: E402
 from served import free_port  # noqa: E402
 
@@ -137,7 +138,8 @@ def main() -> None:
     instrument()
     port = free_port()
     config = uvicorn.Config(outermost(create_app(Settings(models=[args.model]))),
-                            host="127.0.0.1", port=port, log_level="warning")
+                            host="127.0.0.1", port=port, log_level="warning",
+                            http=HttpProtocol)  # as `vbs serve`
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
