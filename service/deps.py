@@ -175,8 +175,12 @@ async def inference_call(request: Request, query: type[Q]) -> tuple[Q, bytes]:
     settings: Settings = request.app.state.settings
     if settings.api_key is not None:
         check_api_key(settings, bearer_token(request))
-    return _parameters(query, request.scope.get("query_string", b"")), \
-        await read_body(request, settings)
+    query_string = request.scope.get("query_string", b"")
+    parse = _parameters if len(query_string) <= CACHED_QUERY_BYTES else _parameters.__wrapped__
+    return parse(query, query_string), await read_body(request, settings)
+
+
+CACHED_QUERY_BYTES = 1024  # longer query strings are parsed every time (the cache stays small)
 
 
 @functools.lru_cache(maxsize=256)

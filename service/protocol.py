@@ -50,7 +50,8 @@ class _HeadHeld:
         held = self._held
         if held is not None:
             self._held = None
-            self._transport.write(held)
+            if not self._transport.is_closing():  # (the client went: nobody to send it to)
+                self._transport.write(held)
 
     def writelines(self, data: Any) -> None:
         self.flush()

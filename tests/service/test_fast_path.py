@@ -421,6 +421,8 @@ def test_lean_routes_skip_the_framework_and_answer_exactly_as_it_would(api_key: 
         ("/p/echo/ok", auth), ("/p/echo/ok?top_k=3", auth), ("/p/echo/ok?top_k=0", auth),
         ("/p/echo/ok?top_k=x", auth), ("/p/echo/bad", auth), ("/p/echo/taken", auth),
         ("/p/echo/ok?top_k=3", auth), ("/p/echo/ok?top_k=0", auth),  # (parsed once: again)
+        (f"/p/echo/ok?top_k=2&pad={'x' * 1100}", auth),  # too long to cache: parsed anyway
+        (f"/p/echo/ok?top_k=0&pad={'x' * 1100}", auth),
         ("/p/echo/busy", auth), ("/p/echo/boom", auth), ("/p/echo/ok", {}),
         ("/p/echo/ok", {"Authorization": "Bearer wrong-key-here"})]
 
