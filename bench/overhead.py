@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 
 from service.loadtest import run_loadtest
-from served import vbs_serve
+from served import add_trees_argument, interleaved, vbs_serve
 
 
 def _metric(text: str, name: str) -> float:
@@ -78,15 +78,13 @@ def main() -> None:
     ap.add_argument("--log-level", default="info",
                     help="vbs serve's, info as `make run` (with VBS_ACCESS_LOG=1 it prints a line a request)")
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "vbs-serve"))
-    ap.add_argument("--trees", default=".",
-                    help="checkouts to serve from, comma-separated, one after another per round")
+    add_trees_argument(ap)
     args = ap.parse_args()
-    trees = [Path(t).resolve() for t in args.trees.split(",")]
     print("| round | tree | client latency p50 (ms) | queue p50 | input p50 | infer p50 | output p50 | "
           "server rest p50 (mean) | rest <= 1 ms | server time outside the model p50 (ms) | "
           "receive p50 |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for k, tree in ((k, t) for k in range(1, args.rounds + 1) for t in trees):
+    for k, tree in interleaved(args.rounds, args.trees):
         with vbs_serve(["--model", args.model, "--log-level", args.log_level],
                        {**os.environ, "VBS_CACHE_DIR": args.cache_dir}, root=tree) as (_, url):
             before = httpx.get(f"{url}/metrics").text

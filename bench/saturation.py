@@ -40,7 +40,7 @@ from planner.pipeline import prepare
 from planner.settings import Settings
 from planner.store import open_store
 from service.loadtest import run_loadtest
-from served import vbs_serve
+from served import add_trees_argument, interleaved, vbs_serve
 from workers.memory import MemoryProbe
 from workers.worker import Worker
 
@@ -77,10 +77,8 @@ def main() -> None:
     ap.add_argument("--batch-max", type=int, default=16)
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "vbs-serve"))
     ap.add_argument("--store", default=str(Path.home() / ".cache" / "vbs-serve" / "peers-store"))
-    ap.add_argument("--trees", default=".",
-                    help="checkouts to serve from, comma-separated, one after another per round")
+    add_trees_argument(ap)
     args = ap.parse_args()
-    trees = [Path(t).resolve() for t in args.trees.split(",")]
     settings = Settings(cache_dir=args.cache_dir, store=args.store, batch_max=args.batch_max)
     with open_store(settings.store_location) as store:
         prepared = prepare(ModelSpec(args.model), settings, store, progress=False)
@@ -89,7 +87,7 @@ def main() -> None:
           "offline (samples/s) | service / offline | CPU ms a request: load generator, event loop, "
           "rest of the service |")
     print("|---|---|---|---|---|---|---|---|")
-    for k, tree in ((k, t) for k in range(1, args.rounds + 1) for t in trees):
+    for k, tree in interleaved(args.rounds, args.trees):
         with vbs_serve(["--model", args.model, "--store", args.store, "--batch-max",
                         str(args.batch_max), "--log-level", "warning"],
                        {**os.environ, "VBS_CACHE_DIR": args.cache_dir}, root=tree) as (server, url):

@@ -7,6 +7,7 @@ The benchmark scripts run as ``python bench/NAME.py``, so this module is importa
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import socket
@@ -25,6 +26,19 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def add_trees_argument(ap: argparse.ArgumentParser) -> None:
+    """``--trees DIR,DIR...``: checkouts to serve from in turn (this one is ``.``; another may be
+    a ``git worktree add /tmp/before <commit>``), compared side by side, interleaved."""
+    ap.add_argument("--trees", default=".",
+                    help="checkouts to serve from, comma-separated, one after another per round")
+
+
+def interleaved(rounds: int, trees: str) -> Iterator[tuple[int, Path]]:
+    """(round, checkout) for every checkout of ``--trees``, round after round."""
+    roots = [Path(t).resolve() for t in trees.split(",")]
+    return ((k, root) for k in range(1, rounds + 1) for root in roots)
 
 
 @contextlib.contextmanager

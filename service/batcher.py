@@ -184,9 +184,8 @@ class Batcher:
         self._executor = executor  # its owner shuts it down
         self._buffer: Any = None    # the batch buffer (a torch tensor) and its numpy view
         self.gather_limit = worker.batch_max
-        self.running = False        # a batch is on the worker now (``_inflight``)
-        self._inflight: list[_Pending] = []
-        self._idle = asyncio.Event()  # set while no batch is on the worker
+        self._inflight: list[_Pending] = []  # the batch on the worker now
+        self._idle = asyncio.Event()  # set while none is (awaited by the loop and by closing)
         self._idle.set()
 
     # ------------------------------------------------------------------ life cycle
@@ -211,6 +210,11 @@ class Batcher:
                 self._task.cancel()
                 await asyncio.gather(self._task, return_exceptions=True)
                 self._fail_waiting(UnavailableError(f"model {self.name} is shutting down"))
+
+    @property
+    def running(self) -> bool:
+        """A batch is on the worker now."""
+        return bool(self._inflight)
 
     @property
     def waiting(self) -> int:
@@ -383,7 +387,6 @@ class Batcher:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         answered: asyncio.Future[None] = loop.create_future()
-        self.running = True
         self._inflight = batch
         self._idle.clear()
         self._running_samples = sum(p.n for p in batch)
@@ -398,8 +401,7 @@ class Batcher:
                 answered: asyncio.Future[Any], done: _Done | None = None) -> None:
         """On the loop: every request of ``batch`` gets its outcome, or the batch's failure;
         the batch is counted in the metrics after that, once its handlers have answered."""
-        self.running = False  # the next batch may start (from the loop, or from ``submit``)
-        self._inflight = []
+        self._inflight = []  # the next batch may start (from the loop, or from ``submit``)
         self._running_samples = 0
         self._idle.set()
         if isinstance(result, Exception):
