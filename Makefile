@@ -1,6 +1,7 @@
 # Two commands on a fresh machine:  `make run` (set up, then serve a model on CPU)
 # and `make test` (set up, then the whole test suite, then the service and store tests against
-# the lowest allowed releases). Everything they need is installed here.
+# the lowest allowed releases, then the GPU run rehearsed on the CPU). Everything they need is
+# installed here. `make gpu` is the GPU run itself (docs/gpu.md).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -8,18 +9,31 @@ STAMP   = $(VENV)/.installed
 MODEL  ?= squeezenet1_0
 PORT   ?= 8000
 
-# The lowest releases pyproject.toml allows of redis-py, fastapi, starlette, pydantic(-settings)
-# and uvicorn (.ci/lowest.py reads the floors), in a second venv whose .pth adds the main venv's
-# packages after its own: everything else (torch included) comes from the main venv.
+# The lowest releases pyproject.toml allows of redis-py, fastapi, starlette, pydantic(-settings),
+# uvicorn, grpcio and protobuf (.ci/lowest.py reads the floors), in a second venv whose .pth adds
+# the main venv's packages after its own: everything else (torch included) comes from the main venv.
 LOWEST  ?= .venv-lowest
 LOWEST_STAMP = $(LOWEST)/.installed
 LOWEST_TESTS = tests/planner/test_store_contract.py tests/planner/test_store_errors.py \
                tests/planner/test_corrupt_data.py tests/service \
                --deselect tests/service/test_shutdown.py
 
-.PHONY: run test test-lowest setup redis-server chromium clean
+# The GPU run (bench/gpu/, docs/gpu.md): DEVICE=cuda on the GPU machine, whose own Python gets
+# the carried wheels (.gpu-wheels/cp312, `make gpu-wheels` here); DEVICE=cpu QUICK=1 rehearses
+# every step on the CPU in a fresh venv (.venv-gpu) with this machine's wheels. STEP=all or a
+# comma list of tests, profile, bench, energy, serve, summary (summary alone installs nothing).
+# Results: out/gpu/ (and the device tool's $OUT).
+DEVICE ?= cuda
+QUICK  ?=
+STEP   ?= all
+GPU_DEADLINE_S ?= 540
+GPU_PY_VERSION ?= 3.12
+HERE_PY_VERSION = $$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 
-$(STAMP): pyproject.toml
+.PHONY: run test test-lowest setup redis-server chromium clean gpu gpu-wheels
+
+# setup.py and the .proto: the build compiles the gRPC protocol's modules from them
+$(STAMP): pyproject.toml setup.py service/oip/grpc_predict_v2.proto
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
@@ -49,14 +63,28 @@ $(LOWEST_STAMP): pyproject.toml .ci/lowest.py $(STAMP)
 
 # The service and store tests against the lowest allowed releases (a minute or so).
 test-lowest: $(LOWEST_STAMP) redis-server
-	$(LOWEST)/bin/python -c "import redis, fastapi, starlette, pydantic, uvicorn; print('lowest:', \
-	  'redis', redis.__version__, 'fastapi', fastapi.__version__, 'starlette', starlette.__version__, \
-	  'pydantic', pydantic.VERSION, 'uvicorn', uvicorn.__version__)"
+	$(LOWEST)/bin/python -c "import redis, fastapi, starlette, pydantic, uvicorn, grpc, google.protobuf; \
+	  print('lowest:', 'redis', redis.__version__, 'fastapi', fastapi.__version__, 'starlette', \
+	  starlette.__version__, 'pydantic', pydantic.VERSION, 'uvicorn', uvicorn.__version__, \
+	  'grpcio', grpc.__version__, 'protobuf', google.protobuf.__version__)"
 	$(LOWEST)/bin/python -m pytest -q -p no:cacheprovider $(LOWEST_TESTS)
 
 test: $(STAMP) redis-server chromium
 	$(BIN)/pytest -q
 	$(MAKE) --no-print-directory test-lowest
+	$(MAKE) --no-print-directory gpu DEVICE=cpu QUICK=1
+
+# The wheels the GPU machine's image lacks, pinned (bench/gpu/wheels.txt), for its Python 3.12:
+# carry .gpu-wheels/cp312 with every device call. GPU_PY_VERSION=3.11 fetches this machine's.
+gpu-wheels:
+	$(PYTHON) bench/gpu/wheels.py --python $(GPU_PY_VERSION)
+
+# The rehearsal (DEVICE=cpu) needs .venv (its stand-in for the GPU image) and this machine's wheels.
+gpu: $(if $(filter cpu,$(DEVICE)),$(STAMP))
+	@if [ "$(DEVICE)" = cpu ] && [ "$(STEP)" != summary ]; then \
+	  $(PYTHON) bench/gpu/wheels.py --python $(HERE_PY_VERSION); fi
+	$(PYTHON) bench/gpu/launch.py --device $(DEVICE) $(if $(QUICK),--quick) --step $(STEP) \
+	  --deadline-s $(GPU_DEADLINE_S)
 
 # Serves MODEL on CPU at http://127.0.0.1:8000 with the embedded plan store (no Redis): the
 # first start profiles and plans the model (a minute or so), later starts read the table.
@@ -64,4 +92,4 @@ run: $(STAMP)
 	$(BIN)/vbs serve --model $(MODEL) --host 127.0.0.1 --port $(PORT)
 
 clean:
-	rm -rf $(VENV) $(LOWEST) .pytest_cache profiles
+	rm -rf $(VENV) $(LOWEST) .venv-gpu .pytest_cache profiles

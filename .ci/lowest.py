@@ -11,7 +11,8 @@ import sys
 import tomllib
 from pathlib import Path
 
-CHECKED = ("redis", "fastapi", "starlette", "pydantic", "pydantic-settings", "uvicorn")
+CHECKED = ("redis", "fastapi", "starlette", "pydantic", "pydantic-settings", "uvicorn",
+           "grpcio", "protobuf")
 
 
 def floors(pyproject: Path) -> list[str]:

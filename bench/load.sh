@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# docs/benchmarks.md section 4 (the service under load): vbs against fbs tables under the same
+# The service under load: vbs against fbs tables under the same
 # memory limit, `vbs loadtest` twice per solver (a text run, then a --json run).
 #
 #   bash bench/load.sh [MODEL] [PORT]      (default mobilenet_v2 8765; loopback only)

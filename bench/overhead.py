@@ -14,6 +14,12 @@ rest). Reading the body from the network, paced by the client, is reported apart
 interpolated in the histogram's buckets (as Prometheus' histogram_quantile does); the share of
 requests whose rest took at most 1 ms is exact (a bucket bound).
 
+``--protocol http,grpc`` loads the same server over each protocol in turn within every round
+(gRPC: ``vbs loadtest --protocol grpc``'s client, OIP v2 ``ModelInfer`` with raw contents);
+the server-side histograms are the HTTP path's, so over gRPC only the breakdown the answers
+carry and the client's side are printed ("outside the model, client side": each request's
+latency less its batch's run, p50).
+
 ``--trees`` serves from each of several checkouts in turn within every round (this one is
 ``.``; another may be a ``git worktree add /tmp/before <commit>`` of an earlier commit), so
 a change is compared side by side, interleaved, through the same noise.
@@ -29,7 +35,8 @@ from pathlib import Path
 import httpx
 
 from service.loadtest import run_loadtest
-from served import add_trees_argument, interleaved, vbs_serve
+from service.loadtest_grpc import run_grpc_loadtest
+from served import add_trees_argument, free_port, interleaved, vbs_serve
 
 
 def _metric(text: str, name: str) -> float:
@@ -78,35 +85,58 @@ def main() -> None:
     ap.add_argument("--log-level", default="info",
                     help="vbs serve's, info as `make run` (with VBS_ACCESS_LOG=1 it prints a line a request)")
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "vbs-serve"))
+    ap.add_argument("--protocol", default="http", help="http, grpc or both (http,grpc)")
     add_trees_argument(ap)
     args = ap.parse_args()
-    print("| round | tree | client latency p50 (ms) | queue p50 | input p50 | infer p50 | output p50 | "
-          "server rest p50 (mean) | rest <= 1 ms | server time outside the model p50 (ms) | "
-          "receive p50 |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    protocols = [p.strip() for p in args.protocol.split(",") if p.strip()]
+    if not protocols or set(protocols) - {"http", "grpc"}:
+        raise SystemExit(f"--protocol {args.protocol!r}: use http, grpc or http,grpc")
+    print("| round | tree | protocol | client latency p50 (ms) | queue p50 | input p50 | infer p50 | "
+          "output p50 | server rest p50 (mean) | rest <= 1 ms | server time outside the model "
+          "p50 (ms) | receive p50 | outside the model, client side p50 (ms) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for k, tree in interleaved(args.rounds, args.trees):
-        with vbs_serve(["--model", args.model, "--log-level", args.log_level],
+        grpc_port = free_port()
+        with vbs_serve(["--model", args.model, "--log-level", args.log_level, "--grpc-port",
+                        str(grpc_port)],
                        {**os.environ, "VBS_CACHE_DIR": args.cache_dir}, root=tree) as (_, url):
-            before = httpx.get(f"{url}/metrics").text
-            summary = asyncio.run(run_loadtest(url, args.model, clients=1,
-                                               duration_s=args.duration, warmup_s=args.warmup))
-            after = httpx.get(f"{url}/metrics").text
-        name = f'vbs_server_overhead_seconds_{{}}{{{{model="{args.model}"}}}}'
+            for protocol in protocols:
+                before = httpx.get(f"{url}/metrics").text
+                if protocol == "grpc":
+                    summary = asyncio.run(run_grpc_loadtest(
+                        f"127.0.0.1:{grpc_port}", args.model, clients=1,
+                        duration_s=args.duration, warmup_s=args.warmup))
+                else:
+                    summary = asyncio.run(run_loadtest(url, args.model, clients=1,
+                                                       duration_s=args.duration,
+                                                       warmup_s=args.warmup))
+                after = httpx.get(f"{url}/metrics").text
+                _row(k, tree, protocol, args.model, summary, before, after)
+
+
+def _row(k: int, tree: Path, protocol: str, model: str, summary: dict, before: str,
+         after: str) -> None:
+    """One Markdown row: the answers' breakdown, and over HTTP the server's own histograms
+    (its middleware's; gRPC has none of them)."""
+    p = summary["breakdown_p50_s"]
+    ms = [1e3 * v for v in (summary["latency_p50_s"], p["queue"], p["input"], p["infer"],
+                            p["output"])]
+    server = "— | — | — | —"
+    if protocol == "http":
+        name = f'vbs_server_overhead_seconds_{{}}{{{{model="{model}"}}}}'
         spent = _metric(after, name.format("sum")) - _metric(before, name.format("sum"))
         count = _metric(after, name.format("count")) - _metric(before, name.format("count"))
         mean = spent / count if count else 0.0
-        b0, b1 = _buckets(before, args.model), _buckets(after, args.model)
+        b0, b1 = _buckets(before, model), _buckets(after, model)
         rest = _quantile(0.5, b0, b1)
         under = dict(b1).get(1e-3, 0.0) - dict(b0).get(1e-3, 0.0)
-        receive = _quantile(0.5, _buckets(before, args.model, "vbs_receive_seconds"),
-                            _buckets(after, args.model, "vbs_receive_seconds"))
-        p = summary["breakdown_p50_s"]
+        receive = _quantile(0.5, _buckets(before, model, "vbs_receive_seconds"),
+                            _buckets(after, model, "vbs_receive_seconds"))
         outside = p["queue"] + p["input"] + p["output"] + rest
-        ms = [1e3 * v for v in (summary["latency_p50_s"], p["queue"], p["input"], p["infer"],
-                                p["output"])]
-        print(f"| {k} | {tree.name} | " + " | ".join(f"{v:.2f}" for v in ms)
-              + f" | {1e3 * rest:.2f} ({1e3 * mean:.2f}) | {100 * under / max(count, 1):.0f}% | "
-              f"{1e3 * outside:.2f} | {1e3 * receive:.2f} |", flush=True)
+        server = (f"{1e3 * rest:.2f} ({1e3 * mean:.2f}) | {100 * under / max(count, 1):.0f}% | "
+                  f"{1e3 * outside:.2f} | {1e3 * receive:.2f}")
+    print(f"| {k} | {tree.name} | {protocol} | " + " | ".join(f"{v:.2f}" for v in ms)
+          + f" | {server} | {1e3 * summary['overhead_p50_s']:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ def serve(args: argparse.Namespace, store: str) -> tuple[subprocess.Popen[bytes]
     env = {**os.environ, "VBS_CACHE_DIR": args.cache_dir, "VBS_PROFILE_GRID": str(args.grid),
            "VBS_SLOT_COUNT": str(args.slot_count)}
     vbs = Path(sys.executable).with_name("vbs")
-    process = subprocess.Popen([str(vbs), "serve", "--model", args.model, "--store", store,
+    process = subprocess.Popen([str(vbs), "serve", "--grpc-port", "0", "--model", args.model, "--store", store,
                                 "--batch-max", str(args.batch_max), "--port", str(port),
                                 "--log-level", "warning"], env=env)
     url = f"http://127.0.0.1:{port}"

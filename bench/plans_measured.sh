@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# docs/benchmarks.md, "Plans measured on the real model": `vbs bench` for the five models of the
-# paper's Table II on this machine, every strategy side by side at every budget, then the
-# Markdown tables of the results. Usage: bash bench/plans_measured.sh [OUT_DIR] (default docs/bench)
+# docs/benchmarks.md, "What plans gain over a uniform batch": `vbs bench` on this machine for
+# the image models of the paper's Table II, every strategy side by side at every budget, on the
+# default runtime (auto: every unit on the faster of torch and ONNX Runtime as profiled), then
+# the Markdown tables of the results.
+#   bash bench/plans_measured.sh [OUT_DIR] (default docs/bench); BATCH, MEMORY, REPEAT override
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-docs/bench}
 vbs=${VBS:-.venv/bin/vbs}
-for model in googlenet resnet50 squeezenet1_0 mobilenet_v2; do
-  "$vbs" bench --model "$model" --batch 12 --memory auto:6 --repeat 5 --out "$out"
+batch=${BATCH:-8}
+memory=${MEMORY:-auto:5}
+repeat=${REPEAT:-3}
+models=(mobilenet_v2 squeezenet1_0 googlenet resnet50)
+for model in "${models[@]}"; do
+  "$vbs" bench --model "$model" --batch "$batch" --memory "$memory" --repeat "$repeat" --out "$out"
 done
-"$vbs" bench --model c3d --batch 12 --memory auto:4 --repeat 3 --out "$out"
-.venv/bin/python -m workers.bench "$out"/{googlenet,resnet50,squeezenet1_0,mobilenet_v2,c3d}.json
+.venv/bin/python -m workers.bench $(printf "$out/%s.json " "${models[@]}")

@@ -50,7 +50,7 @@ def vbs_serve(args: Sequence[str], env: Mapping[str, str] | None = None,
     process and its base URL once ``/v2/health/ready`` answers 200."""
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "service.commands", "serve", *args, "--host", "127.0.0.1",
+        [sys.executable, "-m", "service.commands", "serve", "--grpc-port", "0", *args, "--host", "127.0.0.1",
          "--port", str(port)],
         env={**(env if env is not None else os.environ), "PYTHONPATH": str(root)}, cwd=root)
     url = f"http://127.0.0.1:{port}"

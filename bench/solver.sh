@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# docs/benchmarks.md section 2 (Solver): the plan-table build times, regenerated.
+# docs/benchmarks.md, "The solver": the DP's and the plan-table build's times, regenerated.
 #
 #   bash bench/solver.sh [OUT_DIR]
 #

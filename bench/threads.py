@@ -77,7 +77,7 @@ def in_service(model: str, store: str, cache: str, env: dict[str, str], requests
     """(median infer_s reported, median client latency) of one-sample requests to `vbs serve`."""
     port = _port()
     vbs = Path(sys.executable).with_name("vbs")
-    server = subprocess.Popen([str(vbs), "serve", "--model", model, "--store", store,
+    server = subprocess.Popen([str(vbs), "serve", "--grpc-port", "0", "--model", model, "--store", store,
                                "--batch-max", "8", "--port", str(port), "--log-level", "warning"],
                               env={**os.environ, "VBS_CACHE_DIR": cache, **env})
     try:

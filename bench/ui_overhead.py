@@ -86,7 +86,7 @@ def start_serve(tree: Path, args: argparse.Namespace) -> tuple[subprocess.Popen[
     env.pop("VBS_API_KEY", None)
     module = "service.commands"  # this checkout's `vbs` (PYTHONPATH above)
     process = subprocess.Popen(
-        [sys.executable, "-m", module, "serve", "--model",
+        [sys.executable, "-m", module, "serve", "--grpc-port", "0", "--model",
          f"{args.model}@{args.input_shape.replace(',', 'x')}", "--host", "127.0.0.1", "--port",
          str(port), "--log-level", "warning"], cwd=tree, env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -61,7 +61,7 @@ def main() -> None:
     log = open(work / "serve.log", "wb")
     module = "service.commands"  # the `vbs` command of this checkout
     process = subprocess.Popen(
-        [sys.executable, "-m", module, "serve", "--model",
+        [sys.executable, "-m", module, "serve", "--grpc-port", "0", "--model",
          f"{args.model}@{args.input_shape.replace(',', 'x')}", "--host", "127.0.0.1",
          "--port", str(port), "--log-level", "warning"], cwd=ROOT, env=env, stdout=log,
         stderr=subprocess.STDOUT)

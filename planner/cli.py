@@ -42,10 +42,18 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", help="where profiles are cached (default: VBS_CACHE_DIR)")
 
 
+def add_runtime_arg(p: argparse.ArgumentParser) -> None:
+    """``--runtime``: which unit runtimes a profile measures and plans use."""
+    p.add_argument("--runtime", choices=["auto", "torch", "onnxruntime"],
+                   help="unit runtimes: auto (every installed one, the fastest per step), "
+                        "onnxruntime (wherever it takes the unit) or torch "
+                        "(default: VBS_RUNTIME, auto)")
+
+
 def settings_from(args: argparse.Namespace) -> Settings:
     """Settings from the environment, overridden by the flags that were given."""
     overrides: dict[str, Any] = {}
-    for field in ("dtype", "device", "store", "batch_max", "cache_dir"):
+    for field in ("dtype", "device", "store", "batch_max", "cache_dir", "runtime"):
         value = getattr(args, field, None)
         if value is not None:
             overrides[field] = value
@@ -84,7 +92,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     settings = settings_from(args)
     options = ProfileOptions(batch_max=args.batch_max, repeats=args.repeats or settings.profile_repeats,
-                             warmup=settings.profile_warmup, grid=args.grid or settings.profile_grid)
+                             warmup=settings.profile_warmup, grid=args.grid or settings.profile_grid,
+                             runtime=settings.runtime)
     cap = load_capture(args, settings)
     if args.no_cache:
         profile, hit = measure(cap, options, progress=not args.quiet), False
@@ -97,7 +106,29 @@ def cmd_profile(args: argparse.Namespace) -> int:
     print(f"{m.get('model')}: {m.get('units')} units, {m.get('parallel_blocks')} parallel blocks, "
           f"b = 1..{profile.batch_max} on {m.get('device_name')} ({how}); fingerprint {profile.fingerprint}"
           + (f"; written to {args.out}" if args.out else ""))
+    for line in runtime_lines(profile):
+        print(line)
     return 0
+
+
+def runtime_lines(profile: Any) -> list[str]:
+    """What a profile says of its unit runtimes: how many units each is the fastest for, and
+    which units a runtime cannot take, and why."""
+    from collections import Counter
+
+    from planner.tree import iter_layers, iter_nodes
+
+    meta = profile.meta.get("runtimes") or {}
+    lines = [f"  {name}: unavailable here: {info['unavailable']}"
+             for name, info in meta.items() if info.get("unavailable")]
+    fastest = Counter(rt for layer in iter_layers(profile.root) for rt in layer.runtime)
+    if fastest:
+        lines.append("  fastest (units x batch sizes): " + ", ".join(
+            f"{name} {count}" for name, count in fastest.most_common()))
+    for node in iter_nodes(profile.root):
+        for name, why in getattr(node, "unsupported", ()):
+            lines.append(f"  {node.name}: runs on torch, not {name}: {why}")
+    return lines
 
 
 def add_parser(sub: Any) -> None:
@@ -110,6 +141,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("profile", help="measure time and memory of every unit at every batch size")
     add_model_args(p)
     p.add_argument("--batch-max", type=_positive, required=True, help="largest batch size to measure")
+    add_runtime_arg(p)
     p.add_argument("--out", type=Path, help="write the profile JSON here (it is cached either way)")
     p.add_argument("--grid", action="store_true", help="measure a grid of batch sizes and interpolate")
     p.add_argument("--repeats", type=_positive, help="timed runs per (unit, batch); default 5")

@@ -50,7 +50,7 @@ def _specs(args: argparse.Namespace, settings: Settings) -> list[tuple[str, Any]
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from planner.cli import settings_from
+    from planner.cli import runtime_lines, settings_from
     from planner.pipeline import prepare
     from planner.store import open_store
 
@@ -69,6 +69,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                if s != table.solver)
             print(f"{served}: table {prepared.table_id} (r = 1..{table.batch_max}, "
                   f"{len(table.plans)} plans; also {others}) {how} at {settings.store_location}")
+            for line in runtime_lines(prepared.profile):
+                print(line)
     finally:
         store.close()
     return 0
@@ -167,6 +169,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
+    from planner.cli import add_runtime_arg
+
     p.add_argument("--model", action="append",
                    help="[ALIAS=]NAME[@C,H,W]; repeat for several (default: VBS_MODELS)")
     p.add_argument("--input-shape", help="per-sample input shape for every model, C,H,W or C,T,H,W")
@@ -179,6 +183,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="the served solver (default: VBS_SOLVER, vbs)")
     p.add_argument("--objective", choices=["time", "energy"],
                    help="what the tables minimise (default: VBS_OBJECTIVE, time)")
+    add_runtime_arg(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

@@ -68,7 +68,8 @@ def options_from(settings: Settings, batch_max: int | None = None, grid: bool | 
     """How to profile: from the settings, ``batch_max`` and ``grid`` overriding them."""
     return ProfileOptions(batch_max=batch_max or settings.batch_max, repeats=settings.profile_repeats,
                           warmup=settings.profile_warmup,
-                          grid=settings.profile_grid if grid is None else grid)
+                          grid=settings.profile_grid if grid is None else grid,
+                          runtime=settings.runtime)
 
 
 def strategies(solver: str) -> tuple[str, ...]:

@@ -83,10 +83,27 @@ class Settings(BaseSettings):
     profile_grid: bool = Field(default=False, description="profile a grid of batch sizes and "
                                                           "interpolate (part of the fingerprint)")
     threads: int = Field(default=0, ge=0, description="torch intra-op threads on CPU; 0 = torch's default")
+    runtime: Literal["auto", "torch", "onnxruntime"] = Field(
+        default="auto",
+        description="unit runtimes: auto (measure every installed one; each step of a plan "
+                    "runs on the fastest for it), onnxruntime (wherever it takes the unit, "
+                    "torch elsewhere) or torch (part of the profile's fingerprint)")
+    ort_sessions: int = Field(default=128, ge=1, le=100_000,
+                              description="ONNX Runtime sessions kept per model (one per run of "
+                                          "units a plan uses; each holds a thread); beyond it "
+                                          "the least recently used is given back")
+    ort_spin: bool = Field(default=False,
+                           description="ONNX Runtime's threads spin between operators and calls "
+                                       "(lower latency at low load; they take cores from the "
+                                       "server's other work under load)")
 
     # -- the HTTP service (`vbs serve`) ------------------------------------------------------
     host: str = Field(default="127.0.0.1", min_length=1, description="address the service listens on")
     port: int = Field(default=8000, ge=0, le=65535, description="TCP port of the service (0 = any free)")
+    grpc_port: int = Field(default=8001, ge=0, le=65535,
+                           description="TCP port of the Open Inference Protocol v2 over gRPC "
+                                       "(KServe's GRPCInferenceService, beside HTTP on the same "
+                                       "host; 8001 as Triton's); 0 turns gRPC off")
     models: list[str] | str = Field(
         default_factory=list,
         description="models to serve, each [ALIAS=]NAME[@C,H,W]; VBS_MODELS takes them "
@@ -114,7 +131,7 @@ class Settings(BaseSettings):
         description="when the model frees while some of the last batch's clients have not sent "
                     "again, wait for them up to this fraction of what the table says one merged "
                     "batch saves over two (0, the default: never; on a 2-core CPU waiting did "
-                    "not pay, docs/benchmarks.md 5c)")
+                    "not pay)")
     max_queue: int = Field(default=256, ge=1, le=1_000_000,
                            description="requests waiting per model before 503 + Retry-After")
     request_timeout_s: float = Field(default=30.0, gt=0, le=3600,

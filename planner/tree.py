@@ -1,6 +1,6 @@
 """The division tree and the Profile: plain data, no torch, so the solver starts fast.
 
-A tree is made of four kinds of node (DESIGN.md, schema ``vbs.profile/1``):
+A tree is made of four kinds of node (schema ``vbs.profile/1``, docs/architecture.md, Contracts):
 
 - ``Layer``  (kind ``layer`` or ``opaque``): one unit run as a whole; ``time[b-1]`` is the
   total seconds to run b samples at once, ``ws[b-1]`` the workspace bytes at batch b;
@@ -8,12 +8,18 @@ A tree is made of four kinds of node (DESIGN.md, schema ``vbs.profile/1``):
   ``inplace`` (optional, false) marks a unit that only writes into its input, such as the
   in-place ReLU after a residual add: run on every sample of a buffer nobody else reads,
   its output is that buffer (the executor's walk counts no new output then).
+  With unit runtimes (``planner.runtimes``): ``runtimes`` holds each runtime's own
+  measurements (``time``: one call on b samples; ``ws``), ``unsupported`` why a runtime
+  cannot take the unit, and ``runtime[b-1]`` which runtime ``time``/``ws`` are of: the
+  fastest at b (for ONNX Runtime its time inside a run of units, the call's fixed cost
+  ``meta.runtimes.onnxruntime.call_s`` taken off, since a run pays it once).
 - ``Series``: children run one after the other; each child's ``out`` is the next one's ``in``.
 - ``Parallel``: a fork tensor (``in`` bytes per sample) read by every branch, and a join
   tensor (``out`` bytes per sample) that each branch folds its output into (``join`` says
   how: ``cat`` into channel slices, ``add`` by accumulation, or any other op applied with
   the fork, such as the ``mul`` of squeeze-and-excitation). ``time[b-1]``, when measured,
-  is the cost of folding b samples into the join buffer; it defaults to zero.
+  is the cost of folding b samples into the join buffer; it defaults to zero. ``runtimes``
+  and ``unsupported`` as for a unit (a block runs whole inside one runtime's run of units).
 
 Sizes are bytes per sample; activations scale linearly with the number of samples.
 A tree without ``time``/``ws`` (``vbs graph``) is the same shape with those left empty.
@@ -33,6 +39,18 @@ SCHEMA = "vbs.profile/1"
 
 
 @dataclass(frozen=True)
+class Measured:
+    """One runtime's measurements of a node: seconds for b samples at once (a unit: one call;
+    a block: its folds) and, for a unit, its workspace bytes."""
+
+    time: tuple[float, ...]
+    ws: tuple[int, ...] = ()
+
+
+Runtimes = tuple[tuple[str, Measured], ...]  # (runtime, its measurements), in a fixed order
+
+
+@dataclass(frozen=True)
 class Layer:
     """A unit run as a whole: one heavy op and the light ops after it, or an opaque region."""
 
@@ -47,6 +65,16 @@ class Layer:
     # it only writes into its input (the in-place ReLU after a residual add): run on every
     # sample of a buffer nobody else reads, its output is that buffer and it allocates nothing
     inplace: bool = False
+    runtimes: Runtimes = ()  # each runtime's measurements
+    unsupported: tuple[tuple[str, str], ...] = ()  # (runtime, why it cannot take the unit)
+    runtime: tuple[str, ...] = ()  # per b: the runtime ``time`` and ``ws`` are of
+
+    def measured(self, runtime: str) -> Measured | None:
+        return dict(self.runtimes).get(runtime)
+
+    def runtime_at(self, b: int) -> str:
+        """The runtime ``time``/``ws`` are of at b samples ('' when the profile names none)."""
+        return self.runtime[b - 1] if self.runtime else ""
 
 
 @dataclass(frozen=True)
@@ -76,6 +104,11 @@ class Parallel:
     join: str = "cat"
     time: tuple[float, ...] = ()
     energy: tuple[float, ...] = ()  # joules to fold b samples into the join, when measured
+    runtimes: Runtimes = ()  # each runtime's fold times, measured with its units
+    unsupported: tuple[tuple[str, str], ...] = ()  # (runtime, why it cannot run the block whole)
+
+    def measured(self, runtime: str) -> Measured | None:
+        return dict(self.runtimes).get(runtime)
 
 
 Node = Union[Layer, Series, Parallel]
@@ -151,7 +184,7 @@ def iter_nodes(node: Node) -> Iterator[Node]:
 
 
 def node_to_json(node: Node, *, measured: bool = True) -> dict[str, Any]:
-    """One node as the JSON of DESIGN.md; ``measured=False`` leaves out time and ws."""
+    """One node as its JSON (``vbs.profile/1``); ``measured=False`` leaves out time and ws."""
     if isinstance(node, Layer):
         out: dict[str, Any] = {"kind": node.kind, "name": node.name, "in": node.in_bytes,
                                "out": node.out_bytes}
@@ -164,6 +197,8 @@ def node_to_json(node: Node, *, measured: bool = True) -> dict[str, Any]:
             out["ops"] = list(node.ops)
         if node.inplace:
             out["inplace"] = True
+        if measured:
+            _runtimes_to_json(node, out)
         return out
     if isinstance(node, Series):
         return {"kind": "series", "name": node.name,
@@ -175,12 +210,55 @@ def node_to_json(node: Node, *, measured: bool = True) -> dict[str, Any]:
         out["time"] = list(node.time)
     if measured and node.energy:
         out["energy"] = list(node.energy)
+    if measured:
+        _runtimes_to_json(node, out)
     return out
+
+
+def _runtimes_to_json(node: Layer | Parallel, out: dict[str, Any]) -> None:
+    if isinstance(node, Layer) and node.runtime:
+        out["runtime"] = list(node.runtime)
+    if node.runtimes:
+        out["runtimes"] = {name: {"time": list(m.time), **({"ws": list(m.ws)} if m.ws else {})}
+                           for name, m in node.runtimes}
+    if node.unsupported:
+        out["unsupported"] = dict(node.unsupported)
+
+
+def _runtimes_from_json(raw: dict[str, Any], where: str, batch_max: int | None, *,
+                        unit: bool) -> dict[str, Any]:
+    """The runtime fields of a node (all optional), checked like ``time`` and ``ws``."""
+    fields: dict[str, Any] = {}
+    given = raw.get("runtimes")
+    if given is not None:
+        if not isinstance(given, dict):
+            raise ProfileError(f"{where}: 'runtimes' must be an object of runtime -> measurements")
+        runtimes = []
+        for name, m in given.items():
+            if not isinstance(m, dict):
+                raise ProfileError(f"{where}: runtimes[{name!r}] must be an object with 'time'")
+            here = f"{where} runtimes[{name!r}]"
+            time = _numbers(m, "time", here, batch_max, whole=False)
+            ws = _numbers(m, "ws", here, batch_max, whole=True) if unit else ()
+            runtimes.append((str(name), Measured(time, ws)))
+        fields["runtimes"] = tuple(runtimes)
+    why = raw.get("unsupported")
+    if why is not None:
+        if not isinstance(why, dict) or not all(isinstance(v, str) for v in why.values()):
+            raise ProfileError(f"{where}: 'unsupported' must map runtimes to reasons")
+        fields["unsupported"] = tuple((str(k), v) for k, v in why.items())
+    chosen = raw.get("runtime")
+    if unit and chosen is not None:
+        if not isinstance(chosen, list) or not all(isinstance(v, str) for v in chosen) or (
+                batch_max is not None and len(chosen) != batch_max):
+            raise ProfileError(f"{where}: 'runtime' must list a runtime name for each b")
+        fields["runtime"] = tuple(chosen)
+    return fields
 
 
 def _need(obj: dict[str, Any], key: str, where: str) -> Any:
     if key not in obj:
-        raise ProfileError(f"{where}: missing field {key!r}; see the vbs.profile/1 schema in DESIGN.md")
+        raise ProfileError(f"{where}: missing field {key!r}; see the vbs.profile/1 schema in docs/architecture.md")
     return obj[key]
 
 
@@ -241,7 +319,8 @@ def node_from_json(raw: Any, *, batch_max: int | None = None, where: str = "root
                       time=_numbers(raw, "time", here, batch_max, whole=False),
                       ws=_numbers(raw, "ws", here, batch_max, whole=True), kind=kind,
                       ops=tuple(str(op) for op in raw.get("ops", ())),
-                      energy=_optional_numbers(raw, "energy", here, batch_max), inplace=inplace)
+                      energy=_optional_numbers(raw, "energy", here, batch_max), inplace=inplace,
+                      **_runtimes_from_json(raw, here, batch_max, unit=True))
         if inplace and layer.in_bytes != layer.out_bytes:
             raise ProfileError(f"{here}: an 'inplace' unit writes its output into its input, so "
                                f"'in' and 'out' must be equal ({layer.in_bytes} != {layer.out_bytes})")
@@ -269,7 +348,8 @@ def node_from_json(raw: Any, *, batch_max: int | None = None, where: str = "root
             raise ProfileError(f"{here}: 'time' has {len(time)} values, batch_max is {batch_max}")
         return Parallel(name=name, in_bytes=_size(raw, "in", here), out_bytes=_size(raw, "out", here),
                         branches=branches, join=str(raw.get("join", "cat")), time=time,
-                        energy=_optional_numbers(raw, "energy", here, batch_max))
+                        energy=_optional_numbers(raw, "energy", here, batch_max),
+                        **_runtimes_from_json(raw, here, batch_max, unit=False))
     raise ProfileError(f"{here}: unknown kind {kind!r}; use layer, opaque, series or parallel")
 
 

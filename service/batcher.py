@@ -1,58 +1,20 @@
 """The dynamic batcher of one model: requests gathered into batches, each run with the plan for
 the memory free at that moment.
 
-One asyncio queue and one future per request (as in Ray Serve's ``batching.py``). A loop takes
-the first waiting request, then everything else already waiting, up to the gather limit, and
-runs the batch at once: nothing waits on a timer when the model is idle (as Triton does with
-no queue delay). A request that finds the model idle, nothing queued and no wait configured
-does not even pass the queue: ``submit`` hands it to the model's thread itself (the loop's
-turn it saves is a tenth of what the server spends outside the model on a one-sample request).
-While a batch runs, new requests queue, and the loop gathers them once it has been answered,
-so under load the next batch fills from the queue that built up meanwhile.
-``max_batch_delay_ms`` > 0 makes the loop wait that long for company after the first request.
-A failure goes to every future of its batch.
+One asyncio queue and one future per request, and a failure goes to every future of its
+batch (as in Ray Serve's ``batching.py``). Nothing waits on a timer when the model is idle: a
+request that finds it idle with nothing queued goes straight to the model's thread, and
+requests that come while a batch runs are gathered, up to the table's largest request size
+(or, with a latency target, the largest whose plan finishes in time), once it is answered.
+``max_batch_delay_ms`` makes a batch wait for company; ``follow_up`` may wait for the last
+batch's clients when the table says one merged batch saves more than the wait costs
+(off by default: docs/operations.md, "Batching").
 
-Waiting for the last batch's clients, by the table. Closed-loop clients (each sends its next
-request when its answer comes) split into cohorts that take turns: measured with 8 one-sample
-clients on mobilenet_v2, batches of 4 alternated, each running while the other 4 clients were
-away, although the table says 8 samples run in 123 ms where two batches of 4 take 167 ms. So
-when the model frees and n samples wait while k of the samples the last batch answered have
-not come back yet (k = its samples minus those that arrived since it ended), the loop may wait
-for them: running n and k together in one batch instead of n now and k after saves
-t(n) + t(k) - t(n + k), every t read from the table for the memory free now (computed on the
-model's thread after each batch, one lookup per request size), and that saving is what the
-wait may cost without losing throughput. Only a saving of at least ``MIN_SAVING`` of t(n + k)
-is waited for (a small one buys nothing measurable and costs latency). The loop waits at most
-``follow_up`` x that saving, counted from the end of the last batch, and stops as soon as the
-k are back (or the gather limit is reached). Nothing waits when no such saving exists, nor for a single client (its one
-sample is the one that came back), nor long after the last batch ended. ``follow_up`` = 0
-(the default) turns it off: on a 2-core CPU the merged batches of 8 served no more than the
-turns they replaced (the model idles while its 8 clients send again, and the CPU profile
-overstates small batches, so the saving is overstated); it is meant for devices whose table
-promises large, accurate savings. ``max_batch_delay_ms`` > 0 replaces it with a fixed delay.
-
-On the torch thread the registry gives it (``executor``: a single thread; torch never runs on
-the event loop, one model runs one batch at a time; on the CPU every model of the process
-shares one, see ``service.registry``): every request's samples are written into one reusable batch
-buffer (pinned host memory on CUDA, so the batch goes to the device in one transfer), the
-worker runs it, and each request gets its rows of the output as a view, encoded there by the
-request's own encoder (``submit(encode=...)``), so the response needs no further thread. That
-thread then answers all the batch's requests with one call on the loop (``_answer``): each
-handler resumes in the next turn and writes its response, and only then is the batch counted
-in the metrics (``_count``). A request's timeout is a timer on its own future.
-
-Per request, as Triton's perf_analyzer reports it (``Timing``): queue (from submit to the start
-of its batch), compute input (its decoding, done before submit, and its copy into the batch;
-the device transfer is shared), compute infer (the plan's run), compute output (the copy of
-the batch's output to the host, shared, and its own rows' encoding).
-
-The gather limit is the table's largest request size (``worker.batch_max``); with a latency
-target it is ``table.largest_batch_within(free, target)`` (the paper's latency bound: the
-largest request size whose plan finishes in time), re-read in the worker thread after every
-batch. A request larger than the limit runs as a batch of its own (the worker splits it along
-the table's sizes).
-
-Closing drains: requests already accepted are run and answered; new ones get 503.
+Torch never runs on the event loop: on the model's thread, every request is copied into one
+reusable batch buffer (pinned on CUDA, so the batch moves in one transfer), the worker runs
+it, and each request's rows are encoded there; the loop is woken once to answer them all. The
+timings each answer carries are Triton's perf_analyzer breakdown (``Timing``). Closing
+drains: requests already accepted are run and answered, new ones get 503.
 """
 
 from __future__ import annotations
@@ -139,9 +101,8 @@ class _Done:
 _STOP = object()
 
 # The least saving, as a share of the merged batch's time, worth waiting for: a wait idles the
-# model and spreads its clients' arrivals. At 8 closed-loop clients on a 2-core CPU
-# (docs/benchmarks.md, 5c) resnet50's table promised 3%, and waiting for it split its batches
-# into pieces of 1 to 6 samples; mobilenet_v2's promised 29-36% and gave batches of 8.
+# model and spreads its clients' arrivals: a small promised saving is not worth it (on a
+# 2-core CPU, waiting for 3% split resnet50's batches into pieces of 1 to 6 samples).
 MIN_SAVING = 0.1
 
 

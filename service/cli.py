@@ -8,7 +8,7 @@ import json
 import logging
 from typing import Any
 
-from planner.cli import _positive
+from planner.cli import _positive, add_runtime_arg
 from planner.errors import UsageError
 
 log = logging.getLogger("vbs.service")
@@ -29,9 +29,11 @@ def _warmup(text: str) -> float:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("serve", help="serve models over HTTP (POST /infer, OIP v2, GET /plan)",
-                       description="Serve models over HTTP; every batch runs the plan for the "
-                                   "memory free when it runs. Flags override VBS_* settings.")
+    p = sub.add_parser("serve", help="serve models over HTTP (POST /infer, OIP v2, GET /plan) "
+                                     "and gRPC (OIP v2)",
+                       description="Serve models over HTTP and gRPC (the Open Inference Protocol "
+                                   "v2); every batch runs the plan for the memory free when it "
+                                   "runs. Flags override VBS_* settings.")
     p.add_argument("--model", action="append", metavar="[ALIAS=]NAME[@C,H,W]",
                    help="a model to serve (repeat for several); default: VBS_MODELS")
     p.add_argument("--input-shape", help="per-sample input shape for models given without @shape")
@@ -40,6 +42,9 @@ def add_parser(sub: Any) -> None:
                                    "(default: VBS_STORE, else <cache_dir>/store)")
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="listen port (default 8000)")
+    p.add_argument("--grpc-port", type=int, help="port of the Open Inference Protocol v2 over "
+                                                 "gRPC, on the same host (default 8001, as "
+                                                 "Triton's; 0 serves no gRPC)")
     p.add_argument("--memory-limit", help="most memory a plan may use, e.g. 64MB (default: free)")
     p.add_argument("--memory-margin", help="memory kept back from plans, e.g. 16MB")
     p.add_argument("--memory-sharing", choices=["arbiter", "static", "none"],
@@ -50,6 +55,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"])
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--solver", choices=["vbs", "paper", "fbs", "fbs-best", "greedy"])
+    add_runtime_arg(p)
     p.add_argument("--max-batch-delay-ms", type=float, help="longest wait to gather a batch")
     p.add_argument("--latency-target", type=_seconds, help="gather only what a plan runs within "
                                                            "this many seconds")
@@ -61,7 +67,11 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("loadtest", help="load-test a local vbs serve with concurrent clients",
                        description="N concurrent clients for T seconds against a vbs serve on "
                                    "this machine (loopback only).")
-    p.add_argument("--url", default="http://127.0.0.1:8000", help="the service (loopback only)")
+    p.add_argument("--url", help="the service (loopback only; default http://127.0.0.1:8000, "
+                                 "with --protocol grpc 127.0.0.1:8001)")
+    p.add_argument("--protocol", choices=["http", "grpc"], default="http",
+                   help="HTTP (POST /infer, --format) or the OIP v2 over gRPC (ModelInfer, raw "
+                        "tensors)")
     p.add_argument("--model", required=True, help="served model name")
     p.add_argument("--clients", type=_positive, default=4, help="concurrent clients (<= 256)")
     p.add_argument("--duration", type=_seconds, default=10.0, help="seconds (<= 600)")
@@ -73,12 +83,13 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_loadtest)
 
 
-_FLAGS = {"store": "store", "weights": "weights", "host": "host", "port": "port", "memory_limit": "memory_limit_bytes",
+_FLAGS = {"store": "store", "weights": "weights", "host": "host", "port": "port",
+          "grpc_port": "grpc_port", "memory_limit": "memory_limit_bytes",
           "memory_margin": "memory_margin_bytes", "memory_sharing": "memory_sharing",
           "cpu_model_threads": "cpu_model_threads", "batch_max": "batch_max", "device": "device",
           "dtype": "dtype", "solver": "solver", "max_batch_delay_ms": "max_batch_delay_ms",
           "latency_target": "latency_target_s", "max_queue": "max_queue",
-          "request_timeout": "request_timeout_s"}
+          "request_timeout": "request_timeout_s", "runtime": "runtime"}
 
 
 def serve_settings(args: argparse.Namespace) -> Any:
@@ -102,9 +113,8 @@ def serve_settings(args: argparse.Namespace) -> Any:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from planner.models import ModelSpec, load_model
+    from service.grpc_server import run as run_server
     from service.main import create_app
     from service.protocol import HttpProtocol
 
@@ -116,11 +126,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=args.log_level.upper(),
                             format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    log.info("serving %s on http://%s:%d (store %s)", ", ".join(settings.models), settings.host,
-             settings.port, settings.store_location)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, http=HttpProtocol,
-                log_level=args.log_level, access_log=settings.access_log,
-                timeout_graceful_shutdown=int(settings.request_timeout_s) + 5)
+    log.info("serving %s on http://%s:%d%s (store %s)", ", ".join(settings.models),
+             settings.host, settings.port,
+             f" and gRPC port {settings.grpc_port}" if settings.grpc_port else "",
+             settings.store_location)
+    run_server(create_app(settings), host=settings.host, port=settings.port, http=HttpProtocol,
+               log_level=args.log_level, access_log=settings.access_log,
+               timeout_graceful_shutdown=int(settings.request_timeout_s) + 5)
     return 0
 
 
@@ -132,9 +144,17 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         key = Settings().api_key
     except ValueError as exc:
         raise UsageError(f"invalid setting: {exc}") from exc
-    summary = asyncio.run(run_loadtest(
-        args.url, args.model, clients=args.clients, duration_s=args.duration,
-        samples=args.samples, fmt=args.format, warmup_s=args.warmup,
-        api_key=key.get_secret_value() if key is not None else None))
+    secret = key.get_secret_value() if key is not None else None
+    if args.protocol == "grpc":
+        from service.loadtest_grpc import DEFAULT_TARGET, run_grpc_loadtest
+        summary = asyncio.run(run_grpc_loadtest(
+            args.url or DEFAULT_TARGET, args.model, clients=args.clients,
+            duration_s=args.duration, samples=args.samples, warmup_s=args.warmup,
+            api_key=secret))
+    else:
+        summary = asyncio.run(run_loadtest(
+            args.url or "http://127.0.0.1:8000", args.model, clients=args.clients,
+            duration_s=args.duration, samples=args.samples, fmt=args.format,
+            warmup_s=args.warmup, api_key=secret))
     print(json.dumps(summary, indent=1) if args.json else format_table(summary))
     return 0 if summary["ok"] else 1

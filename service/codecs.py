@@ -536,6 +536,10 @@ class V2Input:
     datatype: str
     data: Any = None            # JSON data, or None when binary
     raw: bytes | memoryview | None = None  # binary tensor data (a view of the body)
+    # where the request carries the values, for errors (gRPC names its own fields);
+    # default: the HTTP body's inputs[i].data and inputs[i].parameters.binary_data_size
+    data_where: str | None = None
+    raw_where: str | None = None
 
 
 @dataclass(frozen=True)
@@ -662,20 +666,21 @@ def v2_tensor(req: V2Request, input_shape: Sequence[int], max_samples: int) -> n
         raise field_error(f"{where}.shape", f"{_shape_text(shape)} does not match the model's "
                                             f"input {model_shape_text(input_shape)}")
     count = math.prod(shape)
+    data_where = tensor.data_where or f"{where}.data"
     if tensor.raw is not None:
         need = count * dtype.itemsize
         if len(tensor.raw) != need:
-            raise field_error(f"{where}.parameters.binary_data_size",
+            raise field_error(tensor.raw_where or f"{where}.parameters.binary_data_size",
                               f"{len(tensor.raw)} bytes, but shape {_shape_text(shape)} of "
                               f"{datatype} needs {need}")
         array = np.frombuffer(tensor.raw, dtype=dtype.newbyteorder("<")).reshape(shape)
     else:
-        array = _as_array(tensor.data, f"{where}.data", dtype)
+        array = _as_array(tensor.data, data_where, dtype)
         if array.size != count:
-            raise field_error(f"{where}.data", f"holds {array.size} values but shape "
-                                               f"{_shape_text(shape)} needs {count}")
+            raise field_error(data_where, f"holds {array.size} values but shape "
+                                          f"{_shape_text(shape)} needs {count}")
         array = array.reshape(shape)
-    return check_tensor(array, input_shape, f"{where}.data", max_samples, single_ok=False)
+    return check_tensor(array, input_shape, data_where, max_samples, single_ok=False)
 
 
 def v2_encode(y: np.ndarray, binary: bool) -> bytes:

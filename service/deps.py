@@ -10,7 +10,7 @@ but the request (and a path's model name) and call ``inference_call``, which doe
 three things (API key, query parameters, body) with the same functions. FastAPI solves a
 route's dependencies anew on every request; for ``POST /infer``'s four dependencies and four
 query parameters that cost 0.2-0.3 ms of the event loop per request on a 2-core CPU, more than
-everything else the server does for a one-sample request (docs/benchmarks.md, section 5a).
+everything else the server does for a one-sample request (docs/benchmarks.md, section 5).
 ``lean_openapi`` documents what those routes read, from the same declarations (``InferQuery``,
 the bearer scheme).
 """
@@ -59,15 +59,17 @@ MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 _bearer = HTTPBearer(auto_error=False, description="the service's API key (VBS_API_KEY), when set")
 
 
-def check_api_key(settings: Settings, token: str | None) -> None:
-    """401 unless ``token`` (the request's bearer token) is the API key, when one is set."""
+def check_api_key(settings: Settings, token: str | None, *,
+                  where: str = "header Authorization") -> None:
+    """401 unless ``token`` (the request's bearer token) is the API key, when one is set.
+    ``where`` names what carries it (gRPC: ``metadata authorization``)."""
     if settings.api_key is None:
         return
     if not token:
-        raise AuthError("header Authorization: missing API key; send 'Authorization: Bearer <key>'")
+        raise AuthError(f"{where}: missing API key; send '{where.split()[-1]}: Bearer <key>'")
     expected = settings.api_key.get_secret_value().encode()
     if not secrets.compare_digest(token.encode(), expected):
-        raise AuthError("header Authorization: the API key is not valid")
+        raise AuthError(f"{where}: the API key is not valid")
 
 
 def bearer_token(request: Request) -> str | None:

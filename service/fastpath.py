@@ -8,8 +8,8 @@ route declared after ten others that is 80-100 us of the event loop per request 
 project's 2-core CPU in process, warm; for ``POST /infer`` (the first route) 20 us warm, and
 about 0.15 ms measured between uvicorn calling the app and the handler starting in a served
 one-sample request, where the model has just evicted the interpreter's data from the caches
-(docs/benchmarks.md, section 5). A one-sample mobilenet_v2 runs in 13 ms on that CPU: the
-layers were a tenth of what the server spends outside the model.
+(docs/benchmarks.md, section 5): a tenth of what the server spends outside the model for a
+one-sample request.
 
 So the routes built as ``LeanRoute`` (``service.deps``: they take the request and their str
 path parameters, no dependencies; here ``POST /infer`` and ``POST /v2/models/{name}/infer``)

@@ -1,14 +1,15 @@
 """``vbs loadtest``: N concurrent clients against a local vbs-serve for T seconds.
 
 Each client sends ``POST /infer?model=NAME`` with K random samples (``.npy`` or JSON) as fast
-as answers come back; requests in the first ``--warmup`` seconds are not counted. The report:
-requests, errors by status, throughput (requests and samples per second), latency p50/p99, the
-overhead per request at p50/p99 (response time seen by the client minus the batch's run time),
-and where each request's time went, as Triton's perf_analyzer reports it, from the timings the
-service returns: queue, compute input, compute infer, compute output, and the rest (HTTP both
-ways, routing, handing over between threads: the client's time minus the four). Only loopback
-hosts are accepted: this is a bench for the machine the service runs on, not a tool to load
-someone else's server.
+as answers come back (or, with the ``oip`` format, ``POST /v2/models/NAME/infer`` in the Open
+Inference Protocol v2 with its binary tensor extension, the form Triton takes); requests in the
+first ``--warmup`` seconds are not counted. The report: requests, errors by status, throughput
+(requests and samples per second), latency p50/p99, the overhead per request at p50/p99
+(response time seen by the client minus the batch's run time), and where each request's time
+went, as Triton's perf_analyzer reports it, from the timings the service returns: queue,
+compute input, compute infer, compute output, and the rest (HTTP both ways, routing, handing
+over between threads: the client's time minus the four). Only loopback hosts are accepted: this
+is a bench for the machine the service runs on, not a tool to load someone else's server.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -31,6 +33,8 @@ MAX_CLIENTS = 256
 MAX_DURATION_S = 600.0
 MAX_SAMPLES = 1024
 PARTS = ("queue", "input", "infer", "output", "rest")  # the breakdown, in the order time is spent
+FORMATS = ("npy", "json", "npy-form", "oip")
+OIP_INPUT = "x"  # the input named in an OIP request: vbs-serve takes any, bench/peers.py's Triton x
 
 
 def check_loopback(url: str) -> str:
@@ -106,6 +110,30 @@ def _npy(x: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+def _oip(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
+    """An OIP v2 request with the binary tensor extension: a JSON header that declares the
+    tensor and its byte count, then the tensor's raw little-endian bytes (the same values as
+    the .npy, without its header); no ``outputs``, so the server answers every output in JSON,
+    as the other formats' answers are."""
+    data = np.ascontiguousarray(x, dtype=np.dtype("<f4")).tobytes()
+    head = json.dumps({"inputs": [{"name": OIP_INPUT, "shape": list(x.shape), "datatype": "FP32",
+                                   "parameters": {"binary_data_size": len(data)}}]}).encode()
+    return head + data, {"Content-Type": "application/octet-stream",
+                         "Inference-Header-Content-Length": str(len(head))}
+
+
+def request_body(x: np.ndarray, fmt: str) -> tuple[bytes, dict[str, str], dict[str, Any] | None]:
+    """The body, headers and multipart files of one request carrying ``x`` in format ``fmt``."""
+    if fmt == "npy":
+        return _npy(x), {"Content-Type": "application/x-npy"}, None
+    if fmt == "npy-form":  # the same .npy as a multipart file (for LitServe)
+        return b"", {}, {"input": ("x.npy", _npy(x), "application/x-npy")}
+    if fmt == "oip":
+        body, headers = _oip(x)
+        return body, headers, None
+    return json.dumps({"inputs": x.tolist()}).encode(), {"Content-Type": "application/json"}, None
+
+
 async def run_loadtest(url: str, model: str, *, clients: int, duration_s: float, samples: int = 1,
                        fmt: str = "npy", api_key: str | None = None, timeout_s: float = 60.0,
                        seed: int = 0, warmup_s: float = 0.0,
@@ -113,74 +141,106 @@ async def run_loadtest(url: str, model: str, *, clients: int, duration_s: float,
     """Run the load test and return its summary (see ``Result.summary``).
 
     ``peer=(path, input_shape)`` loads another server the same way (``bench/peers.py``): the
-    same requests POSTed to ``path``, every 200 counted, no breakdown.
+    same requests POSTed to ``path``, every 200 counted, no breakdown. ``fmt="oip"`` against
+    vbs-serve posts to ``/v2/models/NAME/infer`` and reads the breakdown from the answer's
+    parameters.
     """
     import httpx
 
     base = check_loopback(url)
-    if not 1 <= clients <= MAX_CLIENTS:
-        raise UsageError(f"--clients {clients}: give 1..{MAX_CLIENTS}")
-    if not 0 < duration_s <= MAX_DURATION_S:
-        raise UsageError(f"--duration {duration_s}: give 0..{MAX_DURATION_S:g} seconds")
-    if not 1 <= samples <= MAX_SAMPLES:
-        raise UsageError(f"--samples {samples}: give 1..{MAX_SAMPLES}")
-    if fmt not in ("npy", "json", "npy-form"):
+    check_load(clients, duration_s, samples, warmup_s)
+    if fmt not in FORMATS:
         raise UsageError(f"--format {fmt!r}: use npy or json")
-    if not 0 <= warmup_s <= MAX_DURATION_S:
-        raise UsageError(f"--warmup {warmup_s}: give 0..{MAX_DURATION_S:g} seconds")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=base, headers=headers, timeout=timeout_s,
                                  limits=limits) as client:
         if peer is None:
             path, params = "/infer", {"model": model}
+            if fmt == "oip":
+                path, params = f"/v2/models/{model}/infer", {}
             shape = await _input_shape(client, base, model)
         else:
             path, params, shape = peer[0], {}, list(peer[1])
         x = np.random.default_rng(seed).standard_normal((samples, *shape)).astype(np.float32)
-        files = None
-        if fmt == "npy":
-            body, ctype = _npy(x), "application/x-npy"
-        elif fmt == "npy-form":  # the same .npy as a multipart file (for LitServe)
-            body, ctype = b"", ""
-            files = {"input": ("x.npy", _npy(x), "application/x-npy")}
-        else:
-            body, ctype = json.dumps({"inputs": x.tolist()}).encode(), "application/json"
-        result = Result(duration_s=0.0)
-        loop = asyncio.get_running_loop()
-        started = loop.time() + warmup_s  # what is sent before counts as warm-up only
-        deadline = started + duration_s
+        body, request_headers, files = request_body(x, fmt)
 
-        async def one_client() -> None:
-            while loop.time() < deadline:
-                counted = loop.time() >= started
-                t0 = time.perf_counter()
-                try:
-                    if files is None:
-                        response = await client.post(path, params=params, content=body,
-                                                     headers={"Content-Type": ctype})
-                    else:
-                        response = await client.post(path, params=params, files=files)
-                except httpx.HTTPError as exc:
-                    if counted:
-                        result.add_error(type(exc).__name__)
-                    continue
-                elapsed = time.perf_counter() - t0
-                if not counted:
-                    continue
-                if response.status_code != 200:
-                    result.add_error(str(response.status_code))
-                    continue
-                if peer is None:
-                    doc = response.json()
-                    result.add(elapsed, int(doc["samples"]), doc["timing"])
-                    result.batches[int(doc["batch"])] = result.batches.get(int(doc["batch"]), 0) + 1
+        async def send() -> Answer:
+            try:
+                if files is None:
+                    response = await client.post(path, params=params, content=body,
+                                                 headers=request_headers)
                 else:
-                    result.add(elapsed, samples, None)
+                    response = await client.post(path, params=params, files=files)
+            except httpx.HTTPError as exc:
+                raise RequestFailed(type(exc).__name__) from exc
+            if response.status_code != 200:
+                raise RequestFailed(str(response.status_code))
+            if peer is not None:
+                return samples, None, None
+            doc = response.json()
+            if fmt == "oip":  # the OIP answer: the timings are its parameters
+                return samples, doc["parameters"], int(doc["parameters"]["batch"])
+            return int(doc["samples"]), doc["timing"], int(doc["batch"])
 
-        await asyncio.gather(*(one_client() for _ in range(clients)))
-        result.duration_s = loop.time() - started
+        result = await closed_loop(send, clients=clients, duration_s=duration_s,
+                                   warmup_s=warmup_s)
     return result.summary(url=base, model=model, clients=clients, samples=samples)
+
+
+# One answer: its samples, the timings the service returned (None from a peer) and the size of
+# the batch it ran in (None where unknown).
+Answer = tuple[int, "dict[str, Any] | None", "int | None"]
+
+
+class RequestFailed(Exception):
+    """A request that got no answer, counted under ``label`` (a status or an error's name)."""
+
+    def __init__(self, label: str) -> None:
+        super().__init__(label)
+        self.label = label
+
+
+def check_load(clients: int, duration_s: float, samples: int, warmup_s: float) -> None:
+    """The load's sizes, whatever the protocol; UsageError naming the option otherwise."""
+    if not 1 <= clients <= MAX_CLIENTS:
+        raise UsageError(f"--clients {clients}: give 1..{MAX_CLIENTS}")
+    if not 0 < duration_s <= MAX_DURATION_S:
+        raise UsageError(f"--duration {duration_s}: give 0..{MAX_DURATION_S:g} seconds")
+    if not 1 <= samples <= MAX_SAMPLES:
+        raise UsageError(f"--samples {samples}: give 1..{MAX_SAMPLES}")
+    if not 0 <= warmup_s <= MAX_DURATION_S:
+        raise UsageError(f"--warmup {warmup_s}: give 0..{MAX_DURATION_S:g} seconds")
+
+
+async def closed_loop(send: Callable[[], Awaitable[Answer]], *, clients: int,
+                      duration_s: float, warmup_s: float) -> Result:
+    """``clients`` closed loops of ``send`` (each sends again when answered) for
+    ``duration_s`` after ``warmup_s`` (what is sent before counts as warm-up only)."""
+    result = Result(duration_s=0.0)
+    loop = asyncio.get_running_loop()
+    started = loop.time() + warmup_s
+    deadline = started + duration_s
+
+    async def one_client() -> None:
+        while loop.time() < deadline:
+            counted = loop.time() >= started
+            t0 = time.perf_counter()
+            try:
+                samples, timing, batch = await send()
+            except RequestFailed as exc:
+                if counted:
+                    result.add_error(exc.label)
+                continue
+            if not counted:
+                continue
+            result.add(time.perf_counter() - t0, samples, timing)
+            if batch is not None:
+                result.batches[batch] = result.batches.get(batch, 0) + 1
+
+    await asyncio.gather(*(one_client() for _ in range(clients)))
+    result.duration_s = loop.time() - started
+    return result
 
 
 async def _input_shape(client: Any, base: str, model: str) -> list[int]:

@@ -22,7 +22,8 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 FINE_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 1.5e-4, 2e-4, 3e-4, 4e-4, 5e-4, 6e-4, 7e-4, 8e-4,
                 9e-4, 1e-3, 1.25e-3, 1.5e-3, 2e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 1.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-ENDPOINTS = ("infer", "v2_infer", "plan", "models", "health", "metrics", "other")
+ENDPOINTS = ("infer", "v2_infer", "plan", "models", "health", "metrics", "other",
+             "grpc_infer", "grpc")  # the last two: gRPC ModelInfer and every other gRPC call
 NO_MODEL = "-"
 
 Scope = MutableMapping[str, Any]
@@ -66,8 +67,9 @@ class Metrics:
         self.live = Live()  # the last seconds of answered requests, for the page's live view
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter("vbs_requests", "HTTP requests answered, by model, endpoint and "
-                                "status", ["model", "endpoint", "status"], registry=r)
+        self.requests = Counter("vbs_requests", "requests answered (HTTP, and gRPC calls as the "
+                                "endpoints grpc_infer and grpc), by model, endpoint and status",
+                                ["model", "endpoint", "status"], registry=r)
         self.latency = Histogram("vbs_request_latency_seconds", "time from request to response",
                                  ["model", "endpoint"], buckets=LATENCY_BUCKETS, registry=r)
         self.queue_time = Histogram("vbs_queue_time_seconds", "time a request waited before its "

@@ -10,8 +10,8 @@ one ``writev``, no copy). A head followed by nothing in the same step of the loo
 response whose body comes later) goes out at the loop's next turn; closing the connection
 sends what is held first. Everything else passes through untouched, in order.
 
-`vbs serve` runs uvicorn with it (``uvicorn.run(..., http=HttpProtocol)``); an app served by
-plain uvicorn answers the same, with two writes.
+`vbs serve` runs uvicorn with it (``service.grpc_server.run(..., http=HttpProtocol)``, uvicorn's
+run); an app served by plain uvicorn answers the same, with two writes.
 """
 
 from __future__ import annotations

@@ -1,41 +1,23 @@
 """The models a service serves, their plan tables, and keeping those tables current.
 
-At start, each model is prepared (``planner.pipeline.prepare``: its table read from the store
-by the profile's fingerprint, or profiled, solved and published), all at once (on the CPU
-their torch work queues on the one torch thread), with a progress log; a worker and a batcher
-are built for it. One model that waits for the store or fails does not hold the others back.
+At start every model is prepared at once (``planner.pipeline.prepare``: its tables read from
+the store by the profile's fingerprint, or profiled, solved and published) and gets a worker
+and a batcher; one that waits for the store or fails does not hold the others back, and one
+that cannot be served (a bad name, an untraceable model, a malformed stored table) is marked
+failed with the reason the readiness endpoints show. The models of a device share one memory
+arbiter (``workers.arbiter``), which the registry builds and reports.
 
-Memory. The models of a device share one memory arbiter (``workers.arbiter``): every batch
-leases its plan's exact peak before it runs, within the model's share (by default divided
-from the tables by demand, ``VBS_MEMORY_SHARING``), so models running at once never plan for
-the same free bytes. The registry builds it, registers each model's table and its batcher's
-demand (queued + running samples), and reports it in ``/models`` and the metrics.
+Torch threads: on the CPU one thread runs all the process's torch work, loading and every
+batch of every model, because every thread that starts an OpenMP region gets a team of its
+own, and with more OpenMP threads than cores each region pays for waking its threads
+(docs/operations.md, "Threads in one process"). On CUDA, or with ``VBS_CPU_MODEL_THREADS=per_model``, each
+model has its own thread.
 
-Torch threads. PyTorch's CPU kernels parallelise with OpenMP (libgomp), and every thread that
-starts a parallel region gets an OpenMP team of its own; once a process holds more OpenMP
-threads than CPUs, libgomp stops spinning between parallel regions and every region pays for
-waking its threads. Measured on 2 cores (``bench/threads.py``), mnasnet0_5 on one sample ran
-2.1-2.5x slower in `vbs serve` than the same plan in process, because the model was loaded on
-one thread and run on another. So on the CPU one thread runs all the process's torch work:
-preparing every model and every batch of every model (image preprocessing is torch-free). On
-CUDA each model has its own thread (its kernels run on the device, so models overlap there),
-and so on the CPU with ``VBS_CPU_MODEL_THREADS=per_model`` (models run at once, each on its own
-thread; give each few intra-op threads, ``VBS_THREADS``). The service is ready when every
-model is. A plan store that cannot be reached at start is retried with backoff (counted in
-``vbs_store_errors``); a model that cannot be loaded (bad name, untraceable) or whose stored
-table, meta or profile is malformed (``TableFormatError``: retrying cannot help) is marked
-failed with the reason, naming the key, shown by the readiness endpoints.
-
-Then a background task watches the store (``AsyncPlanStore.watch``). When the planner
-announces a new version of the table a model serves (its table id: the profile's
-fingerprint, the service's solver and objective), that table and the tables of the strategies
-compared with it (for /plan) are read and swapped in (``worker.table = ...``); later batches
-use them, a batch already running keeps the table it started with. When the store goes
-away, serving goes on from the tables in memory: the error is logged and counted, the watch
-reconnects with backoff, and on reconnecting re-reads each table's version (announcements
-made while it was away are not replayed). A new version that cannot be used (malformed blob
-or meta) is logged and counted, the model keeps its table, and that version is not read
-again; one model's bad table never stops the watch serving the others' reloads.
+A background task watches the store: when the planner announces a new version of a served
+table, it and the tables compared with it are read and swapped in between batches (a batch
+keeps the table it started with). When the store goes away, serving goes on from the tables
+in memory while the watch reconnects with backoff; a new version that cannot be used is
+logged, counted and not read again, and the model keeps its table.
 """
 
 from __future__ import annotations
@@ -420,7 +402,8 @@ class Registry:
         version = store.table_version(prepared.table_id)
         arbiter = self.arbiter(s.device)  # its probe is the device's one reading, shared
         worker = Worker(prepared.capture, prepared.table, self.probes[s.device], name=entry.name,
-                        arbiter=arbiter, lease_timeout_s=s.request_timeout_s)
+                        arbiter=arbiter, lease_timeout_s=s.request_timeout_s,
+                        ort_spin=s.ort_spin, ort_sessions=s.ort_sessions)
         worker.arbiter.budget()  # read here, on the torch thread: known from the start
         out_shape = tuple(prepared.capture.output_shape)
         labels = labels_for(entry.spec.name, out_shape[0]) if len(out_shape) == 1 else None
@@ -527,6 +510,7 @@ class Registry:
                       entry.table_version, exc, exc_info=not isinstance(exc, VbsError))
             self._unusable[entry.name] = stored.version  # not read again until a newer one
             return
+        await asyncio.to_thread(entry.worker.prepare, table)  # its runtimes' sessions, off the loop
         entry.worker.table = table
         entry.tables = tables
         old = entry.table_version

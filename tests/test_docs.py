@@ -108,3 +108,48 @@ def test_every_benchmark_names_a_command_in_the_repo() -> None:
             path = ROOT / Path(*module.split("."))
             assert path.with_suffix(".py").is_file() or (path / "__main__.py").is_file(), \
                 f"{title}: python -m {module} names no module of the repo"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_benchmark_headings_carry_no_date_or_pass() -> None:
+    """docs/benchmarks.md holds current results by question; history is in git."""
+    headings = re.findall(r"^#+ (.*)$", _text(ROOT / "docs" / "benchmarks.md"), flags=re.M)
+    dated = [h for h in headings if re.search(r"\d{4}-\d{2}-\d{2}|\bpass\b", h, flags=re.I)]
+    assert headings and not dated, f"headings with a date or a pass: {dated}"
+
+
+def test_the_readme_glance_links_to_sections_that_exist() -> None:
+    readme = _text(ROOT / "README.md")
+    glance = readme.split("## Performance at a glance", 1)[1].split("\n## ", 1)[0]
+    anchors = re.findall(r"docs/benchmarks\.md#([\w-]+)", glance)
+    assert anchors, "the README's glance links to no section of docs/benchmarks.md"
+    headings = re.findall(r"^#+ (.*)$", _text(ROOT / "docs" / "benchmarks.md"), flags=re.M)
+    slugs = {_slug(h) for h in headings}
+    missing = sorted(set(anchors) - slugs)
+    assert not missing, f"the README's glance links to sections that do not exist: {missing}"
+
+
+def test_no_file_points_outside_the_repository() -> None:
+    """A clone holds everything its files refer to: no parent's shared folder, no absolute
+    path of a development machine."""
+    import subprocess
+
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    outside = re.compile("|".join(re.escape(s) for s in ("../" + "shared", "/" + "work/",
+                                                         "DESIGN" + ".md")))
+    found = []
+    for name in files:
+        path = ROOT / name
+        if path.suffix in (".png", ".json", ".csv") or not path.is_file():
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        found += [f"{name}: {m.group(0)}" for m in outside.finditer(text)]
+    assert not found, f"paths outside the repository: {found}"

@@ -1,48 +1,21 @@
 """One memory arbiter per device: every batch leases its plan's exact peak before it runs, and
 the leases alive at once never add up to more than the memory free for plans.
 
-Why: each model's worker used to read the device's free memory on its own, so two models
-whose batches started together could both plan for the same free bytes (an out-of-memory
-error on CUDA, the OOM killer on a CPU pod). With one arbiter per device, a worker asks it for
-a lease before each batch (and each piece of a split batch) runs, and returns it when the
-piece ends, on error and out-of-memory too (``Worker.infer``, in a ``finally``).
+Why: models whose workers read the free memory each on its own plan for the same bytes when
+their batches start together (an out-of-memory error on CUDA, the OOM killer on a CPU pod). A
+worker leases before each piece of a batch runs and returns the lease when it ends, on error
+too. The budget is the probe's reading taken when no lease was alive, lowered if the device
+has less now, never raised while leases live.
 
-The budget. The memory free for plans is what ``MemoryProbe.free`` reads (the configured
-limit or the cgroup's headroom on the CPU, CUDA's free memory on a GPU, minus the margin).
-Leased bytes may already be allocated, or not yet: so while leases are alive the budget is
-the reading taken when none was, lowered if the device has less now (reading + leased), never
-raised. It is re-read before every lease.
-
-The shares (``mode``, the setting ``memory_sharing``):
-
-- ``arbiter`` (default): shares from the tables, a knapsack over every model's time per sample
-  against memory, weighted by its demand (queued + running samples, rounded up to a power of
-  2) and optional per-model weights and minimums (``workers.shares.divide``). Recomputed only
-  when a demand level, a table or the budget changes, not per request. An idle model keeps
-  only its minimum (0 by default): its memory goes to the busy ones. When every model of the
-  device runs on one thread (``serial``: the CPU's shared torch thread), batches never overlap,
-  so each gets the whole budget.
-- ``static``: equal shares (by weight) whatever the demand.
-- ``none``: today's behaviour before the arbiter: every model plans for all the memory free
-  now; leases are recorded, not enforced, and a grant that takes the sum past the budget is
-  counted as an overcommit (for comparison: ``bench/multi_model.py``).
-
-The rule for a batch that cannot get its lease (``arbiter`` and ``static``): its target is
-its share (at least its smallest plan, one sample); what it may take is the target or what
-is free now (budget minus live leases), the smaller. If some plan of its table fits that
-(perhaps a smaller, slower one, or fewer samples at once), it runs now: a step-down when
-the plan is smaller than its share would give. If none fits, it waits in one FIFO queue per
-device; while anyone waits, new batches queue behind, and the head is granted as soon as
-leases released make room for it. So nothing starves: a waiting batch is granted within the
-runs of the pieces leased before it (each model holds one lease at a time, for one piece),
-and gives up with LeaseTimeoutError (503) only if that takes longer than its timeout (the
-request timeout). A model whose smallest plan needs more than the whole budget gets
-InfeasibleError at once.
-
-Checked at every grant: the sum of live leases against the budget (``min_headroom``,
-``overcommits``, which stays 0 in ``arbiter`` and ``static`` modes). A listener
-(``ArbiterListener``) hears budgets, shares, leases, waits and step-downs: the service's
-metrics.
+Shares (``mode``): ``arbiter`` divides the budget from the tables by demand (a knapsack over
+each model's time per sample against memory, ``workers.shares``), recomputed only when a
+demand level, a table or the budget changes; ``static``, equal shares by weight; ``none``,
+no enforcement (leases recorded, overcommits counted: the behaviour before the arbiter). A
+batch that cannot get its share takes a smaller plan that fits what is free (a step-down) or
+waits in one FIFO line per device, so nothing starves; it gives up with LeaseTimeoutError only
+after its timeout. Every grant checks the sum of live leases against the budget; a listener
+(the service's metrics) hears budgets, shares, leases, waits and step-downs.
+docs/architecture.md, "Several models on one device", says more.
 """
 
 from __future__ import annotations

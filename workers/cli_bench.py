@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from planner.cli import _positive, add_model_args, load_capture, settings_from
+from planner.cli import _positive, add_model_args, add_runtime_arg, load_capture, settings_from
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -45,6 +45,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("bench", help="vbs, paper, greedy, fbs and fbs-best side by side on the "
                                      "real model")
     add_model_args(p)
+    add_runtime_arg(p)
     p.add_argument("--batch", type=_positive, required=True, help="request size")
     p.add_argument("--memory", default="auto",
                    help="budgets: START:STOP:STEP (15MB:40MB:5MB), a list (10MB,20MB) or auto[:N] "

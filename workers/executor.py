@@ -9,34 +9,62 @@ of its input gets its output copied into a buffer of its own: the walk counts on
 would pin its input's whole chunk (in-place ops on a unit's input compute new tensors since
 capture, so they need no copy). Units run through ``Unit.call``, as the model runs its modules.
 A uniform program (every unit at the whole request: every plan of one sample, and fbs's)
-runs through the reference runner, which allocates what the walk would, without its
-bookkeeping.
+on torch runs through the reference runner, which allocates what the walk would, without
+its bookkeeping. Steps on ONNX Runtime run as the plan's runs, one session call each
+(``planner.runtimes.onnxrt``), reading the walk's take and writing a buffer the walk
+allocated, so the walk's accounting of activations holds for them too.
 Runs under ``torch.inference_mode``; CPU and CUDA; float32, float16, bfloat16.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 
 from planner.errors import ExecutionError, OutOfMemoryError
 from planner.graph.capture import Capture
 from planner.graph.runner import run_node, run_unit
+from planner.runtimes import ONNXRUNTIME, TORCH
 from planner.solver.layout import walk
 from planner.solver.program import Step
 from planner.tree import Layer, Node, Parallel
+
+if TYPE_CHECKING:  # onnxruntime is imported only where a plan uses it
+    from planner.runtimes.onnxrt import OrtUnits
 
 
 class TorchBackend:
     """The walk's actions on tensors, with the units and joins of one capture."""
 
-    def __init__(self, capture: Capture, like: torch.Tensor) -> None:
+    def __init__(self, capture: Capture, like: torch.Tensor, ort: OrtUnits | None = None) -> None:
         self.capture = capture
         self.like = like  # dtype and device of every buffer
+        self.ort = ort
 
-    def run(self, unit: Layer, x: torch.Tensor, samples: int) -> torch.Tensor:
-        return run_unit(self.capture, unit, x)
+    def _runtime(self, runtime: str) -> OrtUnits:
+        if runtime != ONNXRUNTIME:
+            raise ExecutionError(f"no unit runtime {runtime!r} here: plan with --runtime torch "
+                                 "or onnxruntime")
+        if self.ort is None:
+            raise ExecutionError(f"a plan of {self.capture.model.spec.name!r} runs steps on "
+                                 "ONNX Runtime, but its worker has no ONNX Runtime units")
+        return self.ort
+
+    def run(self, unit: Layer, x: torch.Tensor, samples: int, runtime: str = TORCH
+            ) -> torch.Tensor:
+        if runtime == TORCH:
+            return run_unit(self.capture, unit, x)
+        return self.run_many((unit,), x, samples, runtime)
+
+    def run_many(self, nodes: tuple[Node, ...], x: torch.Tensor, samples: int, runtime: str
+                 ) -> torch.Tensor:
+        ort = self._runtime(runtime)
+        out = ort.output(nodes[-1], x, samples)
+        # views along the batch of the walk's chunks are contiguous (a channels-last model
+        # does not run on ONNX Runtime)
+        return ort.run(nodes[0].name, nodes[-1].name, x.contiguous(), out)
 
     def run_in_place(self, unit: Layer, chunk: torch.Tensor, samples: int) -> torch.Tensor:
         return run_unit(self.capture, unit, chunk, in_place=True)
@@ -83,17 +111,20 @@ class TorchBackend:
 
 
 def _uniform(capture: Capture, steps: tuple[Step, ...], samples: int) -> bool:
-    """Whether ``steps`` run every unit and block of the tree once, in order, on all samples:
-    then the reference runner does exactly what the walk would, without its bookkeeping
-    (measured: 1.1 ms of a 13 ms mobilenet_v2 pass on one sample)."""
+    """Whether ``steps`` run every unit and block of the tree once, in order, on all samples,
+    on torch: then the reference runner does exactly what the walk would, without its
+    bookkeeping (measured: 1.1 ms of a 13 ms mobilenet_v2 pass on one sample)."""
     order = capture.uniform_order
     return (len(steps) == len(order) and all(step.samples == samples for step in steps)
-            and all(step.unit == name for step, name in zip(steps, order)))
+            and all(step.unit == name and step.runtime in ("", TORCH)
+                    for step, name in zip(steps, order)))
 
 
 def execute(capture: Capture, steps: Iterable[Step], x: torch.Tensor,
-            splits: dict[int, list[int]] | None = None) -> torch.Tensor:
-    """Run ``steps`` on the request ``x``; the result equals ``model(x)``.
+            splits: dict[int, list[int]] | None = None, runs: dict[int, int] | None = None,
+            ort: OrtUnits | None = None) -> torch.Tensor:
+    """Run ``steps`` on the request ``x`` (``runs``: first step -> last step of each run of
+    ONNX Runtime steps, which ``ort`` runs); the result equals ``model(x)``.
 
     torch's out-of-memory error becomes OutOfMemoryError (the worker steps down and
     retries); any other failure of a unit becomes an ExecutionError naming the model.
@@ -101,9 +132,10 @@ def execute(capture: Capture, steps: Iterable[Step], x: torch.Tensor,
     steps = tuple(steps)
     try:
         with torch.inference_mode():
-            if not splits and _uniform(capture, steps, x.shape[0]):
+            if not splits and not runs and _uniform(capture, steps, x.shape[0]):
                 return run_node(capture, capture.tree, x)
-            return walk(TorchBackend(capture, x), capture.tree, steps, x, x.shape[0], splits)
+            return walk(TorchBackend(capture, x, ort), capture.tree, steps, x, x.shape[0],
+                        splits, runs=runs)
     except torch.cuda.OutOfMemoryError as exc:  # = torch.OutOfMemoryError (torch >= 2.5)
         raise OutOfMemoryError(f"out of memory running a plan of {capture.model.spec.name!r} on "
                                f"{x.shape[0]} samples: {str(exc).splitlines()[0]}") from exc

@@ -24,16 +24,22 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from planner.errors import InfeasibleError, OutOfMemoryError, UsageError
 from planner.graph.capture import MODULE_GATE, Capture
+from planner.runtimes import ONNXRUNTIME
 from planner.solver.program import Plan, Program
+from planner.solver.runs import TreeIndex
 from planner.solver.table import PlanTable, TablePlan
 from workers.arbiter import Arbiter, Lease
 from workers.executor import execute
 from workers.memory import MemoryProbe, release_cached
+
+if TYPE_CHECKING:
+    from planner.runtimes.onnxrt import OrtUnits
 
 log = logging.getLogger("vbs.worker")
 
@@ -75,6 +81,11 @@ class Choice:
     def splits(self) -> dict[int, list[int]]:
         """The outputs the executor splits at once (step -> sizes), as the table laid it out."""
         return {k: list(sizes) for k, sizes in self.entry.splits}
+
+    @property
+    def runs(self) -> dict[int, int]:
+        """The runs of one runtime call (first step -> last step), as the table laid them out."""
+        return dict(self.entry.runs)
 
     @property
     def plan(self) -> Plan:
@@ -122,15 +133,43 @@ class Worker:
 
     def __init__(self, capture: Capture, table: PlanTable, probe: MemoryProbe,
                  *, max_oom_retries: int = 4, name: str | None = None,
-                 arbiter: Arbiter | None = None, lease_timeout_s: float = 30.0) -> None:
+                 arbiter: Arbiter | None = None, lease_timeout_s: float = 30.0,
+                 ort: OrtUnits | None = None, ort_spin: bool = False,
+                 ort_sessions: int = 128) -> None:
         self.capture = capture
         self.probe = probe
         self.max_oom_retries = max_oom_retries
         self.stats = WorkerStats()
-        self.table = table
         self.name = name or capture.model.spec.name  # as the arbiter knows it
         self.arbiter = arbiter
         self.lease_timeout_s = lease_timeout_s
+        self.ort = ort
+        self.ort_spin, self.ort_sessions = ort_spin, ort_sessions  # for the OrtUnits made here
+        self.table = table
+        self.prepare(table)
+
+    def prepare(self, table: PlanTable, free: int | None = None) -> None:
+        """Get ready to run ``table``'s plans: ONNX Runtime's units if its plans use them, and
+        the sessions of the plans each request size gets with ``free`` bytes (default: the
+        most any plan needs), so the first batches do not wait for them; other runs get
+        their session the first time they run."""
+        if ONNXRUNTIME not in table.runtimes:
+            return
+        if self.ort is None:
+            from planner.runtimes.onnxrt import OrtUnits  # onnxruntime: only where plans use it
+
+            self.ort = OrtUnits(self.capture, spin=self.ort_spin, max_sessions=self.ort_sessions)
+        free = table.top_bytes if free is None else free
+        tree = TreeIndex(self.capture.tree)
+        for r in range(1, table.batch_max + 1):
+            fit = table.largest_fitting(r, free)
+            if not fit:
+                continue
+            index = table.find(fit, free)
+            steps = table.program(index).steps
+            for start, end in table.plans[index].runs:
+                nodes = tree.run_nodes(steps, start, end)
+                self.ort.prepare(nodes[0].name, nodes[-1].name)
 
     @property
     def batch_max(self) -> int:
@@ -196,7 +235,7 @@ class Worker:
             try:
                 with MODULE_GATE.running():  # never beside a trace (another model loading)
                     y = execute(self.capture, choice.program.steps, x[start:start + choice.batch],
-                                choice.splits)
+                                choice.splits, choice.runs, self.ort)
             except OutOfMemoryError as exc:
                 message = str(exc)  # keep no reference to the failed attempt's frames
             else:

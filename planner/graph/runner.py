@@ -20,6 +20,9 @@ from planner.tree import Layer, Node, Series, fold_order
 
 
 Around = Callable[[str], ContextManager[Any]]
+# What runs one unit on all of x (``own``: nobody else reads x): ``run_unit`` by default, or a
+# unit runtime's (planner.runtimes), which the profiler times in the same passes.
+UnitRunner = Callable[[Layer, torch.Tensor, bool], torch.Tensor]
 
 
 def run_unit(capture: Capture, unit: Layer, x: torch.Tensor, *, in_place: bool = False
@@ -42,30 +45,31 @@ def run_unit(capture: Capture, unit: Layer, x: torch.Tensor, *, in_place: bool =
 
 
 def run_node(capture: Capture, node: Node, x: torch.Tensor, around: Around | None = None,
-             own: bool = False) -> torch.Tensor:
+             own: bool = False, runner: UnitRunner | None = None) -> torch.Tensor:
     """Run one node of the tree on all the samples of ``x`` at once (``own``: nobody else
     reads ``x``, so an ``inplace`` unit writes into it, as the executor's walk does).
 
     ``around(name)``, when given, wraps every unit run (named after the unit) and every fold
     into a join (named after the block): the profiler times and measures them in place, in
     a real pass through the network, so each unit sees what it sees when the model runs.
+    ``runner`` runs the units (default: ``run_unit``).
     """
     if isinstance(node, Layer):
         if around is None:
-            return run_unit(capture, node, x, in_place=own)
+            return run_unit(capture, node, x, in_place=own) if runner is None else runner(node, x, own)
         with around(node.name):
-            return run_unit(capture, node, x, in_place=own)
+            return run_unit(capture, node, x, in_place=own) if runner is None else runner(node, x, own)
     if isinstance(node, Series):
         for i, child in enumerate(node.children):
             # a series' input is its caller's (the request, a fork its siblings read); what a
             # child gets from the one before it is this series' own, to write into in place
-            x = run_node(capture, child, x, around, own=i > 0)
+            x = run_node(capture, child, x, around, own=i > 0, runner=runner)
         return x
     join = capture.joins[node.name]
     out = join.empty(x, x.shape[0])
     for k, i in enumerate(fold_order(node)):
         branch = node.branches[i]
-        y = run_node(capture, branch, x, around) if branch.children else None
+        y = run_node(capture, branch, x, around, runner=runner) if branch.children else None
         with (around(node.name) if around is not None else contextlib.nullcontext()):
             out = join.fold(out, x, y, i, first=(k == 0))
         del y

@@ -2,10 +2,12 @@
 
 measure → discretise → solve are separate steps; this is the first. It runs the network
 unit by unit at every batch size of the grid, timing every unit and every join fold in
-place, then measures workspaces the same way, and returns a ``Profile`` (schema
-vbs.profile/1). Profiles are cached by a fingerprint of everything
-that changes the measurement (architecture, input shape, dtype, device, library versions,
-batch sizes, repeats), so profiling the same thing twice is a cache hit.
+place, on every unit runtime asked for (``planner.runtimes``: torch, and ONNX Runtime where
+it takes the unit), then measures workspaces, and returns a ``Profile`` (schema
+vbs.profile/1) whose ``time``/``ws`` are, per unit and batch size, the fastest runtime's.
+Profiles are cached by a fingerprint of everything that changes the measurement
+(architecture, input shape, dtype, device, runtimes and library versions, batch sizes,
+repeats), so profiling the same thing twice is a cache hit.
 """
 
 from __future__ import annotations
@@ -26,32 +28,40 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from planner import runtimes
 from planner.errors import ProfileError, UsageError
 from planner.graph.capture import MODULE_GATE, Capture
-from planner.graph.runner import run_node
+from planner.graph.runner import UnitRunner, run_node
 from planner.profiling.grid import batch_grid, fill_time, fill_workspace
 from planner.profiling.measure import CudaPeaks, PassTimer, cpu_memory_regions
 from planner.solver.memory import allocation, granule_for
-from planner.tree import Layer, Node, Parallel, Profile, Series, iter_layers, iter_nodes, \
-    load_profile, node_to_json, save_profile
+from planner.tree import Layer, Measured, Node, Parallel, Profile, Series, iter_layers, \
+    iter_nodes, load_profile, node_to_json, save_profile
 
 log = logging.getLogger("vbs.profile")
 
 
 @dataclass(frozen=True)
 class ProfileOptions:
-    """How to measure: the largest batch, repeats, warm-up runs and whether to use a grid."""
+    """How to measure: the largest batch, repeats, warm-up runs, whether to use a grid, and
+    the unit runtimes (``planner.runtimes.CHOICES``: auto, torch or onnxruntime)."""
 
     batch_max: int
     repeats: int = 5
     warmup: int = 2
     grid: bool = False
+    runtime: str = runtimes.TORCH
 
     def __post_init__(self) -> None:
         if self.batch_max < 1:
             raise UsageError(f"batch max {self.batch_max}: give a whole number >= 1")
         if self.repeats < 1 or self.warmup < 0:
             raise UsageError("repeats must be >= 1 and warm-up >= 0")
+        runtimes.resolve(self.runtime)  # a UsageError for an unknown one
+
+    @property
+    def runtimes(self) -> tuple[str, ...]:
+        return runtimes.resolve(self.runtime)
 
 
 def device_name(device: torch.device) -> str:
@@ -82,29 +92,124 @@ def fingerprint(capture: Capture, options: ProfileOptions) -> str:
         "device": device_name(capture.model.device), "torch": torch.__version__,
         "cudnn": torch.backends.cudnn.version() if capture.model.device.type == "cuda" else None,
         "batch_max": options.batch_max, "grid": options.grid, "repeats": options.repeats,
+        "runtime": options.runtime,
+        "runtimes": {name: runtimes.version(name) for name in options.runtimes},
     }
     blob = json.dumps(key, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def _fill(node: Node, times: dict[str, list[float]], ws: dict[str, list[int]]) -> Node:
+@dataclass
+class _Figures:
+    """What one runtime measured: seconds per (node, b) and workspace per (unit, b)."""
+
+    times: dict[str, dict[int, float]]
+    ws: dict[str, list[int]]
+
+
+def _choose(layer: Layer, options: ProfileOptions, figures: dict[str, _Figures],
+            unsupported: dict[str, dict[str, str]]) -> Layer:
+    """A unit with every runtime's figures and, per b, the runtime its ``time``/``ws`` are
+    of: the fastest (``auto``), or ONNX Runtime wherever it takes the unit (``onnxruntime``).
+    ONNX Runtime's time is its time inside a run of units (``planner.profiling.ort``)."""
+    B = options.batch_max
+    name = layer.name
+    if len(figures) == 1:  # torch alone: its figures, no runtime named
+        only = figures[runtimes.TORCH]
+        return dataclasses.replace(layer, time=tuple(fill_time(only.times[name], B)),
+                                   ws=tuple(only.ws[name]))
+    measured = {rt: Measured(tuple(fill_time(f.times[name], B)), tuple(f.ws[name]))
+                for rt, f in figures.items() if name not in unsupported.get(rt, {})}
+
+    chosen = []
+    for b in range(1, B + 1):
+        if options.runtime == runtimes.ONNXRUNTIME and runtimes.ONNXRUNTIME in measured:
+            chosen.append(runtimes.ONNXRUNTIME)
+        else:  # the fastest; torch on a tie
+            chosen.append(min(measured, key=lambda rt: (measured[rt].time[b - 1],
+                                                        rt != runtimes.TORCH)))
+    return dataclasses.replace(
+        layer, time=tuple(measured[rt].time[b - 1] for b, rt in enumerate(chosen, start=1)),
+        ws=tuple(measured[rt].ws[b - 1] for b, rt in enumerate(chosen, start=1)),
+        runtimes=tuple((rt, measured[rt]) for rt in runtimes.RUNTIMES if rt in measured),
+        unsupported=tuple((rt, why[name]) for rt, why in unsupported.items() if name in why),
+        runtime=tuple(chosen))
+
+
+def _fill(node: Node, options: ProfileOptions, figures: dict[str, _Figures],
+          unsupported: dict[str, dict[str, str]]) -> Node:
     if isinstance(node, Layer):
-        return dataclasses.replace(node, time=tuple(times[node.name]), ws=tuple(ws[node.name]))
+        return _choose(node, options, figures, unsupported)
     if isinstance(node, Series):
-        return dataclasses.replace(node, children=tuple(_fill(c, times, ws) for c in node.children))
-    return dataclasses.replace(node, time=tuple(times[node.name]),
-                               branches=tuple(_fill(b, times, ws) for b in node.branches))
+        return dataclasses.replace(node, children=tuple(
+            _fill(c, options, figures, unsupported) for c in node.children))
+    B = options.batch_max
+    folds = {rt: tuple(fill_time(f.times[node.name], B)) for rt, f in figures.items()}
+    extra = [rt for rt in folds if rt != runtimes.TORCH and node.name not in unsupported.get(rt, {})]
+    return dataclasses.replace(
+        node, time=folds[runtimes.TORCH],
+        branches=tuple(_fill(b, options, figures, unsupported) for b in node.branches),
+        runtimes=tuple((rt, Measured(folds[rt])) for rt in extra) if len(figures) > 1 else (),
+        unsupported=tuple((rt, why[node.name]) for rt, why in unsupported.items()
+                          if node.name in why))
+
+
+def _ort_figures(ort: Any, profiled: list[Any], figures: dict[str, _Figures],
+                 run_samples: dict[int, list[list[float]]], grid: list[int], batch_max: int
+                 ) -> dict[str, Any]:
+    """ONNX Runtime's figures: each unit's and block's time inside its run (its kernels' share
+    of what the run measured, replacing the single calls' times in ``figures``, which the fit
+    of a call's cost reads first), the workspaces, and the meta: the call's cost per batch
+    size, and the longest runs' measured seconds and what they hold inside."""
+    from planner.profiling import ort as ort_profiling
+
+    mine = figures[runtimes.ONNXRUNTIME]
+    inside = ort_profiling.median_times(ort_profiling.kernel_times(profiled))
+    io = {n.name: n.in_bytes + n.out_bytes for n in iter_layers(ort.units.capture.tree)}
+    run_s = {b: [statistics.median(col[k] for col in run_samples[b]) for k in range(len(ort.runs))]
+             for b in grid} if run_samples else {}
+    call: dict[int, float] = {}
+    per_byte: dict[int, float] = {}
+    for b in grid:
+        alone = {name: mine.times[name][b] for name in io
+                 if name not in ort.unsupported and name in inside}
+        call[b], per_byte[b] = ort_profiling.fit_call(
+            alone, {n: inside[n][b] for n in alone}, {n: io[n] * b for n in alone})
+        # kernels are not the whole of a run (dispatch, waits between nodes): scale each run's
+        # nodes so that, with its call's cost, the run costs what it measured
+        for k, run in enumerate(ort.runs if run_s else ()):
+            names = [n.name for node in run for n in iter_nodes(node)
+                     if isinstance(n, (Layer, Parallel)) and n.name in inside]
+            kernels = sum(inside[n][b] for n in names)
+            cost = call[b] + per_byte[b] * b * (run[0].in_bytes + run[-1].out_bytes)
+            if kernels > 0:
+                scale = max(0.0, run_s[b][k] - cost) / kernels
+                for n in names:
+                    inside[n][b] *= scale
+    for name, per in mine.times.items():  # inside a run where profiled in one, else alone
+        mine.times[name] = inside.get(name) or {  # less a call (a block: nothing in or out)
+            b: max(0.0, t - call[b] - per_byte[b] * io.get(name, 0) * b) for b, t in per.items()}
+    units_ws, runs_ws = ort.workspaces(grid)
+    mine.ws.update({name: fill_workspace(per, batch_max) for name, per in units_ws.items()})
+    runs = [{"first": run[0].name, "last": run[-1].name,
+             "seconds": fill_time({b: run_s[b][k] for b in grid}, batch_max),
+             "ws": fill_workspace(runs_ws[k], batch_max)}
+            for k, run in enumerate(ort.runs)] if run_s else []
+    return {"version": runtimes.version(runtimes.ONNXRUNTIME),
+            "call_s": fill_time(call, batch_max), "byte_s": fill_time(per_byte, batch_max),
+            "runs": runs}
 
 
 def measure(capture: Capture, options: ProfileOptions, progress: bool = True) -> Profile:
-    """Measure every unit and join of ``capture`` at every batch size of the grid.
+    """Measure every unit and join of ``capture`` at every batch size of the grid, on every
+    runtime of ``options``.
 
     Units are measured where they run: in passes through the whole network at batch b (the
     reference runner), timing each unit and each fold in place, so every unit sees inputs
     fresh from the unit before it and weights as cold as in a real run (timed alone and
     repeated, a unit finds its weights in cache and looks faster than it is), and the
     regions add up to the whole pass (see PassTimer). Passes go round-robin over the batch
-    sizes, so drift hits all of them alike.
+    sizes and the runtimes, so drift hits all of them alike.
     """
     device = capture.model.device
     grid = batch_grid(options.batch_max, options.grid)
@@ -112,9 +217,26 @@ def measure(capture: Capture, options: ProfileOptions, progress: bool = True) ->
     layers = list(iter_layers(capture.tree))
     blocks = [n for n in iter_nodes(capture.tree) if isinstance(n, Parallel)]
     inputs = {b: capture.model.example(b, seed=b) for b in grid}
+    unsupported: dict[str, dict[str, str]] = {}
+    runners: dict[str, UnitRunner | None] = {runtimes.TORCH: None}
+    ort = None
+    unavailable = ""
+    if runtimes.ONNXRUNTIME in options.runtimes:
+        from planner.profiling import ort as ort_profiling  # onnx and onnxruntime: only here
+
+        checks = [inputs[grid[0]], inputs[grid[min(2, len(grid) - 1)]]]
+        prepared = ort_profiling.prepare(capture, checks)
+        if isinstance(prepared, str):
+            unavailable = prepared
+        else:
+            ort = prepared
+            unsupported[runtimes.ONNXRUNTIME] = dict(ort.unsupported)
+            runners[runtimes.ONNXRUNTIME] = ort.runner()
     timer = PassTimer(device)
-    samples: dict[str, dict[int, list[float]]] = {}
-    passes = (options.warmup + options.repeats) * len(grid)
+    samples: dict[str, dict[str, dict[int, list[float]]]] = {rt: {} for rt in runners}
+    run_samples: dict[int, list[list[float]]] = {}
+    profiled = ort.profiled_sessions() if ort is not None else []
+    passes = (options.warmup + options.repeats) * len(grid) * len(runners)
     per_pass = len(layers)  # the bar counts unit runs: units x batch sizes x repeats
     bar = tqdm(total=(passes + len(grid)) * per_pass, desc=f"profiling {capture.model.spec.name}",
                unit="unit", disable=not progress, leave=False)
@@ -122,13 +244,20 @@ def measure(capture: Capture, options: ProfileOptions, progress: bool = True) ->
         with torch.inference_mode():
             for k in range(options.warmup + options.repeats):
                 for b in grid:
-                    timer.start()
-                    with MODULE_GATE.running():  # per pass: a trace elsewhere waits one pass
-                        run_node(capture, capture.tree, inputs[b], timer)
-                    for name, seconds in timer.results().items():
+                    for rt, runner in runners.items():
+                        timer.start()
+                        with MODULE_GATE.running():  # per pass: a trace elsewhere waits one pass
+                            run_node(capture, capture.tree, inputs[b], timer, runner=runner)
+                        for name, seconds in timer.results().items():
+                            if k >= options.warmup:
+                                samples[rt].setdefault(name, {}).setdefault(b, []).append(seconds)
+                        bar.update(per_pass)
+                    if ort is not None and ort.runs:
+                        with MODULE_GATE.running():
+                            seconds = ort.run_pass(inputs[b])
+                            ort.run_pass(inputs[b], profiled, counted=k >= options.warmup)
                         if k >= options.warmup:
-                            samples.setdefault(name, {}).setdefault(b, []).append(seconds)
-                    bar.update(per_pass)
+                            run_samples.setdefault(b, []).append(seconds)
             peaks: dict[str, dict[int, int]] = {}
             if device.type == "cuda":
                 for b in grid:
@@ -153,18 +282,33 @@ def measure(capture: Capture, options: ProfileOptions, progress: bool = True) ->
                            "profile with a smaller --batch-max") from exc
     finally:
         bar.close()
-    times = {name: {b: statistics.median(ts) for b, ts in per.items()} for name, per in samples.items()}
-    for block in blocks:  # a block with only identity branches folds nothing timed
-        times.setdefault(block.name, {b: 0.0 for b in grid})
-    out_bytes = {n.name: n.out_bytes for n in layers}
     granule = granule_for(device.type)
+    figures: dict[str, _Figures] = {}
+    for rt in runners:
+        times = {name: {b: statistics.median(ts) for b, ts in per.items()}
+                 for name, per in samples[rt].items()}
+        for block in blocks:  # a block with only identity branches folds nothing timed
+            times.setdefault(block.name, {b: 0.0 for b in grid})
+        figures[rt] = _Figures(times, {})
     # Workspace = what the unit needs at its peak beyond its own output (its input was held),
     # the output counted as the allocator rounds it, as the executor's walk counts it.
-    ws = {n.name: fill_workspace({b: max(0, p - allocation(out_bytes[n.name] * b, granule))
-                                  for b, p in peaks.get(n.name, {b: 0 for b in grid}).items()},
-                                 options.batch_max) for n in layers}
-    filled = {name: fill_time(per, options.batch_max) for name, per in times.items()}
-    root = _fill(capture.tree, filled, ws)
+    figures[runtimes.TORCH].ws.update({
+        n.name: fill_workspace({b: max(0, p - allocation(n.out_bytes * b, granule))
+                                for b, p in peaks.get(n.name, {b: 0 for b in grid}).items()},
+                               options.batch_max) for n in layers})
+    meta_runtimes: dict[str, Any] = {runtimes.TORCH: {"version": torch.__version__}}
+    if ort is not None:
+        try:
+            meta_runtimes[runtimes.ONNXRUNTIME] = _ort_figures(ort, profiled, figures,
+                                                               run_samples, grid, options.batch_max)
+        except ProfileError as exc:  # its memory unknown, its plans could overrun: torch runs
+            log.warning("%s: ONNX Runtime is not used: %s", capture.model.spec.name, exc)
+            unavailable = str(exc)
+            del figures[runtimes.ONNXRUNTIME]
+            unsupported.pop(runtimes.ONNXRUNTIME, None)
+    if unavailable:
+        meta_runtimes[runtimes.ONNXRUNTIME] = {"unavailable": unavailable}
+    root = _fill(capture.tree, options, figures, unsupported)
     assert isinstance(root, Series)
     spec = capture.model.spec
     meta = {
@@ -174,6 +318,7 @@ def measure(capture: Capture, options: ProfileOptions, progress: bool = True) ->
         "batch_sizes_measured": grid, "interpolated": options.grid, "repeats": options.repeats,
         "warmup": options.warmup, "threads": torch.get_num_threads(),
         "units": len(layers), "parallel_blocks": len(blocks), "alloc_granule": granule,
+        "runtime": options.runtime, "runtimes": meta_runtimes,
         "fingerprint": fingerprint(capture, options),
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "elapsed_s": round(time.perf_counter() - started, 2),

@@ -4,8 +4,8 @@ Table II and Table III.
 ``compare`` looks every strategy's plan up in its table (lookups, no solving) and gives, per
 strategy, its plan, predicted time per sample and the bytes the executor allocates; per unit
 (in execution order) the batch size of each of its phases and the memory left unused while it
-ran: the budget minus the most held while a step of that unit ran, which the table stores.
-``render`` prints it. Pure (no torch): `vbs show`, the service's /plan and `vbs bench` share it.
+ran: the budget minus the most held while a step of that unit ran, which the table stores;
+and the unit runtime its steps ran on. ``render`` prints it. Pure (no torch): `vbs show`, the service's /plan and `vbs bench` share it.
 Headline gains are stated against ``BASELINE``, fbs-best: the uniform batch a careful user
 would tune, not the largest one that fits.
 """
@@ -28,11 +28,13 @@ BASELINE = "fbs-best"
 
 @dataclass(frozen=True)
 class UnitUse:
-    """One unit of a plan: the batch size of each of its steps, and the most held meanwhile."""
+    """One unit of a plan: the batch size of each of its steps, the most held meanwhile, and
+    the runtimes its steps ran on (() when the table names none)."""
 
     name: str
     batches: tuple[int, ...]
     need_bytes: int
+    runtimes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -90,8 +92,14 @@ def unit_uses(table: PlanTable, index: int) -> tuple[UnitUse, ...]:
     bounds = starts.tolist() + [len(samples)]
     ids = grouped[starts].tolist()
     peaks = entry.unit_peaks.tolist()
+    names = entry.runtime_names(table.runtimes) if table.runtimes else None
+    runtimes = [names[i] for i in order.tolist()] if names else []
+
+    def used(k: int) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(runtimes[bounds[k]:bounds[k + 1]])) if runtimes else ()
+
     return tuple(UnitUse(table.units[ids[k]], tuple(samples[bounds[k]:bounds[k + 1]]),
-                         peaks[ids[k]])
+                         peaks[ids[k]], used(k))
                  for k in np.argsort(order[starts], kind="stable").tolist())  # by first run
 
 
@@ -135,8 +143,12 @@ def _batches(values: Sequence[int]) -> str:
     return "+".join(parts)
 
 
+SHORT = {"onnxruntime": "ort", "torch": "torch"}
+
+
 def render(cmp: Comparison, title: str = "", detail: tuple[str, ...] = ("vbs", BASELINE)) -> str:
-    """The comparison as text: a summary per strategy, then per unit (Table III)."""
+    """The comparison as text: a summary per strategy (with the calls its runs make), then per
+    unit (Table III): its phases, the memory left unused, and its runtime."""
     lines = [f"{title}  r={cmp.batch}  budget {format_bytes(cmp.budget)}".strip()]
     lines.append(f"{'strategy':9} {'time/sample':>12} {'samples/s':>10} {'peak':>11}  "
                  f"{'vbs gain':>8}  plan")
@@ -145,10 +157,11 @@ def render(cmp: Comparison, title: str = "", detail: tuple[str, ...] = ("vbs", B
             lines.append(f"{o.solver:9} {'infeasible':>12}  {o.reason}")
             continue
         gain = cmp.gain("vbs", o.solver)
+        runs = f" ({len(o.plan.runs)} runtime calls)" if o.plan.runs else ""
         lines.append(f"{o.solver:9} {o.plan.time_per_sample * 1e3:>9.3f} ms "
                      f"{1 / o.plan.time_per_sample:>10.1f} "
                      f"{format_bytes(o.plan.executor_peak_bytes):>11}  "
-                     f"{(f'{gain:.2f}x' if gain else '-'):>8}  {o.plan.plan_id}")
+                     f"{(f'{gain:.2f}x' if gain else '-'):>8}  {o.plan.plan_id}{runs}")
     shown = [cmp.outcome(s) for s in detail if any(o.solver == s for o in cmp.outcomes)]
     shown = [o for o in shown if o.plan]
     if not shown:
@@ -161,7 +174,9 @@ def render(cmp: Comparison, title: str = "", detail: tuple[str, ...] = ("vbs", B
         row = f"{name:{width}}"
         for o in shown:
             use = o.usage(name)
-            row += f" {_batches(use.batches):>18} {format_bytes(cmp.budget - use.need_bytes):>10}"
+            on = "+".join(SHORT.get(r, r) for r in use.runtimes)
+            batches = f"{_batches(use.batches)} {on}" if on else _batches(use.batches)
+            row += f" {batches:>18} {format_bytes(cmp.budget - use.need_bytes):>10}"
         lines.append(row)
     return "\n".join(lines)
 

@@ -5,7 +5,7 @@ block, so a block's exact cost E (the paper's "special layer") is ready when its
 solved. All chains' tables live in one flat float64 buffer so that ``kernel.reconstruct`` can
 walk from the root into branches without Python in the loop.
 
-Memory accounting in slots (DESIGN.md): a layer step needs
+Memory accounting in slots (docs/architecture.md): a layer step needs
 ``slots_up(in*b + ws(b) + out*b)``; a block phase reserves ``slots_up((in+out)*b)`` for the
 fork and the join and gives its branches the rest; waiting inputs and arrived outputs of a
 phase split are ``slots_up(size*count)`` each. Every piece is rounded up, so the exact bytes

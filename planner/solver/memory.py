@@ -1,6 +1,6 @@
 """Byte sizes: parse and format them, and discretise them into slots.
 
-The solver works in whole slots of ``slot_bytes`` (DESIGN.md, "The model of memory"): every
+The solver works in whole slots of ``slot_bytes`` (docs/architecture.md, "One model of memory"): every
 size is rounded UP to whole slots and a budget is rounded DOWN, so a plan chosen for a budget
 of ``m`` slots never needs more than ``m * slot_bytes`` bytes. These are pure functions so
 the CLI, the service and the store can share one reading of ``30MB`` or ``2GiB``.

@@ -10,7 +10,7 @@ size is added to the layer's workspace: the paper counts it as 0, which no execu
 layer (``layer`` or ``opaque``: run as a whole) or a parallel block whose branches are chains.
 
 Every solver, the simulator and the baselines read sizes, workspaces and costs from here
-only, so there is one model of memory in code as in DESIGN.md.
+only, so there is one model of memory in code (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ import json
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
+from planner import runtimes as rt
 from planner.errors import ProfileError, UsageError
-from planner.tree import Layer, Node, Parallel, Profile, Series, node_to_json
+from planner.solver.runs import CallCost, RunMemory, call_cost, measured_runs
+from planner.tree import Layer, Node, Parallel, Profile, Series, iter_layers, node_to_json
 
 OBJECTIVES = ("time", "energy")
 
@@ -73,6 +75,12 @@ class Instance:
     locate: dict[str, tuple[int, int]] = field(default_factory=dict)  # unit name -> (chain, position)
     tree: Series | None = None  # the profile's tree: the executor's layout walks it
     granule: int = 1            # the device allocator's rounding (planner.solver.memory.allocation)
+    # the unit runtimes the profile measured (planner.runtimes; () = none named: torch), how
+    # they were to be chosen (auto, onnxruntime, torch) and each one's fixed cost of a call
+    runtimes: tuple[str, ...] = ()
+    runtime_choice: str = ""
+    calls: dict[str, CallCost] = field(default_factory=dict)
+    run_memory: RunMemory = field(default_factory=dict)  # runs the profiler measured whole
 
     @property
     def root(self) -> Chain:
@@ -142,7 +150,7 @@ def build_instance(profile: Profile, objective: str = "time", *, count_request: 
 
     ``count_request=False`` holds the request at the root's input at 0 bytes: its caller
     allocated it before the plan was chosen and holds it throughout, which is how the executor
-    counts (plan tables are solved so; a direct ``solve`` counts it, as DESIGN.md states).
+    counts (plan tables are solved so; a direct ``solve`` counts it).
     """
     if objective not in OBJECTIVES:
         raise UsageError(f"unknown objective {objective!r}; use one of {', '.join(OBJECTIVES)}")
@@ -202,9 +210,19 @@ def build_instance(profile: Profile, objective: str = "time", *, count_request: 
     fingerprint = profile.fingerprint or content_fingerprint(profile)
     if not chains[0].units:  # type: ignore[union-attr]
         raise ProfileError("the profile's root has no units")
+    named = {name for layer in iter_layers(profile.root) for name, _ in layer.runtimes}
+    kinds = tuple(r for r in rt.RUNTIMES if r in named)
+    calls = {r: cost for r in kinds if (cost := call_cost(profile, r)) is not None}
+    for r, cost in calls.items():
+        if len(cost.call_s) != B or len(cost.byte_s) != B:
+            raise ProfileError(f"meta.runtimes.{r}: call_s and byte_s need {B} values each "
+                               "(b = 1..batch_max)")
     return Instance(batch_max=B, objective=objective, chains=tuple(chains),  # type: ignore[arg-type]
                     fingerprint=fingerprint, locate=locate, tree=profile.root,
-                    granule=profile.granule)
+                    granule=profile.granule, runtimes=kinds,
+                    runtime_choice=str(profile.meta.get("runtime", "")), calls=calls,
+                    run_memory={key: ws for r in kinds for key, ws in measured_runs(profile, r).items()
+                                if len(ws) == B})
 
 
 def content_fingerprint(profile: Profile) -> str:

@@ -1,7 +1,8 @@
 """Programs and plans: what the solver hands to the executor, as frozen data with a JSON form.
 
 A Program is a list of steps ``{"unit": NAME, "samples": C}``: run that unit on the next C
-samples waiting at its input, in order. A step naming a parallel block opens a phase of C
+samples waiting at its input, in order; a step may name the unit runtime it runs on
+(``"runtime": "onnxruntime"``, see ``planner.runtimes``), else it runs on the unit's default. A step naming a parallel block opens a phase of C
 samples of that block; the steps of its branches follow (``planner.solver.simulate`` is the
 one executable statement of what a program means). A Plan is a program with what the solver
 claims about it: its cost under the objective, its total time, its peak under the DP's model
@@ -22,13 +23,18 @@ from planner.errors import InvalidProgramError
 
 @dataclass(frozen=True)
 class Step:
-    """Run ``unit`` on the next ``samples`` samples waiting at its input."""
+    """Run ``unit`` on the next ``samples`` samples waiting at its input (on ``runtime``; ''
+    is the unit's default)."""
 
     unit: str
     samples: int
+    runtime: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"unit": self.unit, "samples": self.samples}
+        out: dict[str, Any] = {"unit": self.unit, "samples": self.samples}
+        if self.runtime:
+            out["runtime"] = self.runtime
+        return out
 
 
 @dataclass(frozen=True)
@@ -48,43 +54,58 @@ class Program:
         """A program from ``(unit, samples)`` pairs."""
         return cls(tuple(Step(str(u), int(c)) for u, c in pairs))
 
+    @property
+    def runtimes(self) -> tuple[str, ...]:
+        """The runtimes its steps name, each once, in order of first use."""
+        return tuple(dict.fromkeys(s.runtime for s in self.steps if s.runtime))
+
     def to_json(self) -> list[dict[str, Any]]:
         return [s.to_json() for s in self.steps]
 
     @classmethod
     def from_json(cls, raw: Any) -> "Program":
-        """Parse ``[{"unit": NAME, "samples": C}, ...]``; a malformed step is an InvalidProgramError."""
+        """Parse ``[{"unit": NAME, "samples": C[, "runtime": R]}, ...]``; a malformed step is
+        an InvalidProgramError."""
+        from planner.runtimes import RUNTIMES
+
         if not isinstance(raw, list):
             raise InvalidProgramError(f"a program must be a JSON list of steps, got {type(raw).__name__}")
         steps = []
         for i, item in enumerate(raw):
-            if not isinstance(item, dict) or set(item) != {"unit", "samples"}:
-                raise InvalidProgramError(f"step {i}: must be an object with exactly 'unit' and "
-                                          f"'samples', got {item!r}")
-            unit, samples = item["unit"], item["samples"]
+            if not isinstance(item, dict) or not {"unit", "samples"} <= set(item) <= \
+                    {"unit", "samples", "runtime"}:
+                raise InvalidProgramError(f"step {i}: must be an object with 'unit' and 'samples' "
+                                          f"(and optionally 'runtime'), got {item!r}")
+            unit, samples, runtime = item["unit"], item["samples"], item.get("runtime", "")
             if not isinstance(unit, str):
                 raise InvalidProgramError(f"step {i}: 'unit' must be a unit name, got {unit!r}")
             if isinstance(samples, bool) or not isinstance(samples, int):
                 raise InvalidProgramError(f"step {i}: 'samples' must be a whole number, got {samples!r}")
-            steps.append(Step(unit, samples))
+            if runtime and runtime not in RUNTIMES:
+                raise InvalidProgramError(f"step {i}: 'runtime' must be one of "
+                                          f"{', '.join(RUNTIMES)}, got {runtime!r}")
+            steps.append(Step(unit, samples, runtime))
         return cls(tuple(steps))
 
     @property
     def plan_id(self) -> str:
         """A short hash of the steps alone: the same program has the same id in every version."""
-        return program_id((s.unit, s.samples) for s in self.steps)
+        return program_id((s.unit, s.samples, s.runtime) for s in self.steps)
 
 
-def program_id(pairs: Iterable[tuple[str, int]]) -> str:
+def program_id(steps: Iterable[tuple[str, int] | tuple[str, int, str]]) -> str:
     """16 hex digits of SHA-256 over the canonical JSON ``[[unit, samples], ...]`` (compact
-    separators, ASCII escapes): anyone can recompute it from the program alone."""
+    separators, ASCII escapes; a step that names its runtime is ``[unit, samples, runtime]``):
+    anyone can recompute it from the program alone."""
     names: dict[str, str] = {}
     parts = []
-    for u, c in pairs:
+    for step in steps:
+        u, c = step[0], step[1]
         name = names.get(u)
         if name is None:
             name = names[u] = json.dumps(u, ensure_ascii=True)
-        parts.append(f"[{name},{int(c)}]")
+        runtime = step[2] if len(step) > 2 else ""  # type: ignore[misc]
+        parts.append(f"[{name},{int(c)},{json.dumps(runtime)}]" if runtime else f"[{name},{int(c)}]")
     return hashlib.sha256(("[" + ",".join(parts) + "]").encode()).hexdigest()[:16]
 
 
@@ -103,6 +124,7 @@ class Plan:
     peak_bytes: int    # exact peak under the DP's model of memory (the simulator's figure)
     executor_peak_bytes: int  # exact bytes the executor allocates running it (its layout)
     splits: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (step, sizes): outputs split at once
+    runs: tuple[tuple[int, int], ...] = ()  # (first step, last step): one runtime call each
 
     @property
     def time_per_sample(self) -> float:
@@ -117,6 +139,11 @@ class Plan:
         """The splits as the executor takes them: step -> sizes."""
         return {k: list(sizes) for k, sizes in self.splits}
 
+    @property
+    def run_map(self) -> dict[int, int]:
+        """The runs as the executor takes them: first step -> last step."""
+        return dict(self.runs)
+
     def to_json(self) -> dict[str, Any]:
         """The object ``vbs solve --json`` prints for a feasible request."""
         return {"feasible": True, "solver": self.solver, "objective": self.objective,
@@ -125,4 +152,5 @@ class Plan:
                 "time_per_sample": self.time_per_sample, "cost": self.cost,
                 "peak_bytes": self.peak_bytes, "executor_peak_bytes": self.executor_peak_bytes,
                 "plan_id": self.plan_id,
-                "program": self.program.to_json()}
+                "program": self.program.to_json(),
+                **({"runs": [list(r) for r in self.runs]} if self.runs else {})}

@@ -2,46 +2,28 @@
 
 Every solver's claims are checked against it and the executor must do exactly what it does.
 
-State. Samples wait at boundaries. The root chain starts with the request's ``r`` samples at
-its input boundary and ends with all ``r`` at its output boundary. Held memory is the sum,
-over every boundary of every active chain, of (samples waiting there) x (bytes per sample of
-that boundary), plus the join buffer reserved by every open block phase.
+State: samples wait at boundaries; the root chain starts with the request's r samples at its
+input and ends with all r at its output. Held memory is, over every boundary of every active
+chain, (samples waiting there) x (bytes per sample there), plus the join buffer of every open
+block phase. Samples are first in, first out at every boundary.
 
 Steps, in order, each ``{"unit": U, "samples": C}`` with C >= 1:
 
-- A layer U takes the next C samples waiting at its input boundary. While it runs it needs
-  ``held + ws(U, C) + out(U) * C`` bytes (its C inputs are still held: they are part of
-  ``held``). Then its C inputs are released and C samples wait at its output boundary.
-  It costs ``cost(U, C)`` (the TOTAL for C samples at once, as measured).
-- A parallel block U opens a phase of C samples: the next C samples at its input (the fork)
-  stay held there until the phase closes, and the join buffer for C samples,
-  ``out(U) * C`` bytes, is reserved now; the step needs ``held + out(U) * C``. It costs the
-  block's fold cost for C samples (``Parallel.time[C-1]``, 0 when not measured).
-  Then the branches run one after another, branch 0 first: each branch is a chain that
-  starts with the C samples waiting at its input and must end with all C at its output;
-  its steps follow, with any sub-batching (and nested blocks). A branch's input and output
-  boundaries hold 0 bytes: they are the block's fork and join, already held (each branch's
-  last unit folds its output into the join buffer in place: cat into slices, add by
-  accumulation, a ``mul`` applied with the fork). An empty branch (identity shortcut) has
-  no steps. When the last branch has all C samples at its output, the phase closes: the
-  fork's C samples are released and C samples wait at the block's output boundary (the
-  join buffer becomes those samples; nothing is copied or allocated).
-- While a phase is open, only steps of its current branch are allowed (a branch finishes
-  all C samples before the next starts; the phase closes before anything outside the
-  block runs).
+- A layer takes the next C samples at its input; while it runs it needs
+  ``held + ws(U, C) + out(U) * C`` (its inputs are still held); then they are released and C
+  samples wait at its output. It costs ``cost(U, C)``, the total for C samples at once.
+- A parallel block opens a phase of C samples: they stay held at its input (the fork) until
+  the phase closes, and its join buffer, ``out(U) * C``, is reserved; it costs the block's fold
+  cost. Its branches' steps follow, in the branches' order: each branch is a chain that starts
+  with the C fork samples and ends with all C folded into the join (its ends hold 0 bytes:
+  the fork and the join are the block's). An identity branch has no steps. When the last
+  branch is done the fork is released and the join's C samples wait at the block's output.
+  While a phase is open only steps of its current branch are allowed.
 
-Samples are first-in first-out at every boundary: a step takes the oldest C samples waiting
-there, so samples leave every unit, and the network, in the order they came (an executor may
-keep one contiguous buffer per boundary and slide over it). A phase's branches read the
-phase's C fork samples in that order and write the join rows of the same samples.
-
-A program is rejected (InvalidProgramError naming the step and why) for an unknown unit,
-C < 1, more samples than wait at the unit's input, a step outside the open phase's current
-branch, a step over budget, or samples left anywhere else than the root output at the end.
-
-Budget. With ``slot_bytes`` s, the usable budget is ``floor(budget / s) * s`` bytes (a budget
-is rounded down to whole slots); a step fits when its exact need is at most that. The
-slot-rounded peak reported is ``ceil(peak / s) * s``.
+A program is refused (InvalidProgramError naming the step and why) for an unknown unit, C < 1,
+more samples than wait, a step outside the open phase's current branch, a step over budget, or
+samples left anywhere but the root output. Budget: with ``slot_bytes`` s the usable budget is
+``floor(budget / s) * s``, and the slot-rounded peak reported is ``ceil(peak / s) * s``.
 """
 
 from __future__ import annotations

@@ -16,10 +16,18 @@ at or below F, one binary search. A plan picked for F bytes never allocates more
 the table says exactly what it allocates. When no plan of r fits, ``largest_fitting`` gives
 the most samples that do, so a worker splits a batch by the table too.
 
-Serialisation (``to_bytes``/``from_bytes``): zlib-compressed JSON, schema ``vbs.table/2``;
-never pickle. Programs are flat integer lists ``[u0, c0, u1, c1, ...]`` indexing ``units``.
-Tables of schema ``vbs.table/1`` (keyed by the DP's model of memory, not by what runs) are
-refused with a message that says to re-plan; so is anything malformed.
+Unit runtimes (``planner.runtimes``): a profile that measured several gives every candidate
+program in up to three versions, each step on its unit's fastest runtime, on ONNX Runtime
+wherever it takes the unit, and all on torch; each is laid out (its runs found by the walk)
+and timed with its runtimes and runs (``planner.solver.runs.program_time``), and the
+frontier keeps what is best at each peak. A plan's steps name their runtimes.
+
+Serialisation (``to_bytes``/``from_bytes``): zlib-compressed JSON, schema ``vbs.table/3``;
+never pickle. Programs are flat integer lists ``[u0, c0, u1, c1, ...]`` indexing ``units``,
+with each step's runtime (an index into ``runtimes``) and the runs beside them. Tables of an
+older schema (``vbs.table/1``: keyed by the DP's model of memory, not by what runs;
+``vbs.table/2``: no runtimes) are refused with a message that says to re-plan; so is
+anything malformed.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from planner import runtimes as rt
 from planner.errors import InfeasibleError, TableFormatError, UsageError
 from planner.solver import baselines
 from planner.solver.dp import ChainTables
@@ -42,12 +51,13 @@ from planner.solver.layout import Layout, layout
 from planner.solver.memory import check_slot_bytes
 from planner.solver.model import Instance, build_instance
 from planner.solver.program import Plan, Program, Step, program_id
+from planner.solver.runs import TreeIndex, program_time, step_runtime, supports
 from planner.solver.solve import DEFAULT_SLOT_COUNT, SOLVERS, default_slot_bytes, instance_of, \
     table_slots
-from planner.tree import Profile
+from planner.tree import Layer, Profile
 
-SCHEMA = "vbs.table/2"
-OLD_SCHEMAS = ("vbs.table/1",)
+SCHEMA = "vbs.table/3"
+OLD_SCHEMAS = ("vbs.table/1", "vbs.table/2")
 MAX_TABLE_BYTES = 1 << 30  # a decompressed table larger than this is refused, not read
 _NO_PLAN = np.iinfo(np.int64).max
 _PROGRAM_CACHE = 64  # programs kept built per table (the executor takes Steps)
@@ -66,6 +76,14 @@ class TablePlan:
     model_peak_bytes: int   # the DP's model of memory for the same program
     splits: tuple[tuple[int, tuple[int, ...]], ...]  # (step, sizes): outputs split at once
     unit_peaks: np.ndarray  # int64 per table unit: the most held while a step of it ran
+    runtimes: np.ndarray | None = None  # int8 per step: index into PlanTable.runtimes
+    runs: tuple[tuple[int, int], ...] = ()  # (first step, last step): one runtime call each
+
+    def runtime_names(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """Each step's runtime ('' everywhere when the table names none)."""
+        if self.runtimes is None:
+            return ("",) * len(self.units)
+        return tuple(names[i] for i in self.runtimes.tolist())
 
 
 @dataclass(frozen=True)
@@ -89,6 +107,7 @@ class PlanTable:
     units: tuple[str, ...]
     plans: tuple[TablePlan, ...]
     rows: tuple[TableRow, ...]  # rows[r - 1]
+    runtimes: tuple[str, ...] = ()  # the runtimes steps name (planner.runtimes); () = none
     # (batch_max,) int64: the least memory any plan of r samples needs, at index r - 1
     min_peaks: np.ndarray = field(init=False, repr=False, compare=False)
     _programs: OrderedDict[int, Program] = field(default_factory=OrderedDict, init=False,
@@ -113,6 +132,7 @@ class PlanTable:
         return {"schema": SCHEMA, "fingerprint": self.fingerprint, "solver": self.solver,
                 "objective": self.objective, "slot_bytes": self.slot_bytes,
                 "granule": self.granule, "batch_max": self.batch_max, "plans": len(self.plans),
+                "runtimes": list(self.runtimes),
                 "min_bytes": [int(m) if m != _NO_PLAN else None for m in self.min_peaks]}
 
     def row(self, r: int) -> TableRow:
@@ -153,8 +173,9 @@ class PlanTable:
                 return found
         tp = self.plans[index]
         names = self.units
-        program = Program(tuple(Step(names[u], c) for u, c in
-                                zip(tp.units.tolist(), tp.samples.tolist())))
+        program = Program(tuple(Step(names[u], c, rt) for u, c, rt in
+                                zip(tp.units.tolist(), tp.samples.tolist(),
+                                    tp.runtime_names(self.runtimes))))
         with self._lock:
             self._programs[index] = program
             while len(self._programs) > _PROGRAM_CACHE:
@@ -167,7 +188,7 @@ class PlanTable:
         return Plan(solver=self.solver, objective=self.objective, batch=r, budget_bytes=budget,
                     slot_bytes=self.slot_bytes, program=self.program(index), cost=tp.cost,
                     time_total=tp.time_total, peak_bytes=tp.model_peak_bytes,
-                    executor_peak_bytes=tp.peak_bytes, splits=tp.splits)
+                    executor_peak_bytes=tp.peak_bytes, splits=tp.splits, runs=tp.runs)
 
     def lookup(self, r: int, free_bytes: int) -> Plan:
         """The best plan of r samples that fits in ``free_bytes``, or InfeasibleError."""
@@ -217,18 +238,22 @@ class PlanTable:
             "schema": SCHEMA, "fingerprint": self.fingerprint, "solver": self.solver,
             "objective": self.objective, "slot_bytes": self.slot_bytes, "granule": self.granule,
             "batch_max": self.batch_max, "units": list(self.units),
+            "runtimes": list(self.runtimes),
             "plans": [{"id": p.plan_id, "cost": p.cost, "time": p.time_total, "peak": p.peak_bytes,
                        "model_peak": p.model_peak_bytes,
                        "steps": np.stack([p.units, p.samples], axis=1).reshape(-1).tolist(),
                        "splits": [[k, *sizes] for k, sizes in p.splits],
-                       "unit_peaks": p.unit_peaks.tolist()}
+                       "unit_peaks": p.unit_peaks.tolist(),
+                       **({"step_runtimes": p.runtimes.tolist()} if p.runtimes is not None
+                          else {}),
+                       **({"runs": [list(r) for r in p.runs]} if p.runs else {})}
                       for p in self.plans],
             "rows": [{"r": r + 1, "peaks": row.peaks.tolist(), "plans": row.plans.tolist()}
                      for r, row in enumerate(self.rows)],
         }
 
     def to_bytes(self) -> bytes:
-        """zlib-compressed JSON (schema vbs.table/2)."""
+        """zlib-compressed JSON (schema vbs.table/3)."""
         text = json.dumps(self.to_json(), separators=(",", ":"), allow_nan=False)
         return zlib.compress(text.encode(), 6)
 
@@ -273,13 +298,14 @@ class PlanTable:
                              "with `vbs plan`")
         try:
             units = tuple(str(u) for u in raw["units"])
-            plans = [_plan_from_json(p, len(units)) for p in raw["plans"]]
+            runtimes = tuple(str(r) for r in raw.get("runtimes", ()))
+            plans = [_plan_from_json(p, len(units), len(runtimes)) for p in raw["plans"]]
             rows = [TableRow(np.asarray(row["peaks"], dtype=np.int64),
                              np.asarray(row["plans"], dtype=np.int64)) for row in raw["rows"]]
             table = cls(fingerprint=str(raw["fingerprint"]), solver=str(raw["solver"]),
                         objective=str(raw["objective"]), slot_bytes=int(raw["slot_bytes"]),
                         granule=int(raw["granule"]), batch_max=int(raw["batch_max"]),
-                        units=units, plans=tuple(plans), rows=tuple(rows))
+                        units=units, plans=tuple(plans), rows=tuple(rows), runtimes=runtimes)
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise TableFormatError(f"plan table is malformed ({exc!r}): rebuild it with `vbs plan`") from exc
         problem = _check(table)
@@ -288,7 +314,7 @@ class PlanTable:
         return table
 
 
-def _plan_from_json(p: Any, n_units: int) -> TablePlan:
+def _plan_from_json(p: Any, n_units: int, n_runtimes: int) -> TablePlan:
     steps = np.asarray(p["steps"], dtype=np.int64)
     if steps.ndim != 1 or steps.size == 0 or steps.size % 2:
         raise ValueError(f"plan {p.get('id')!r}: steps must be a flat list of (unit, samples) pairs")
@@ -302,9 +328,20 @@ def _plan_from_json(p: Any, n_units: int) -> TablePlan:
     splits = tuple((int(s[0]), tuple(int(n) for n in s[1:])) for s in p["splits"])
     if any(not 0 <= k < len(steps) or len(sizes) < 2 or min(sizes) < 1 for k, sizes in splits):
         raise ValueError(f"plan {p.get('id')!r}: a split names no step or has a piece < 1")
+    runtimes = None
+    if n_runtimes:
+        runtimes = np.asarray(p["step_runtimes"], dtype=np.int64)
+        if runtimes.shape != (len(steps),) or runtimes.min() < 0 or runtimes.max() >= n_runtimes:
+            raise ValueError(f"plan {p.get('id')!r}: step_runtimes must name a runtime per step")
+        runtimes = runtimes.astype(np.int8)
+    runs = tuple((int(r[0]), int(r[1])) for r in p.get("runs", ()))
+    if any(len(r) != 2 for r in p.get("runs", ())) or \
+            any(not 0 <= a <= b < len(steps) for a, b in runs) or \
+            any(b1 >= a2 for (_, b1), (a2, _) in zip(runs, runs[1:])):
+        raise ValueError(f"plan {p.get('id')!r}: runs must be ordered, disjoint [first, last] steps")
     return TablePlan(str(p["id"]), steps[:, 0].astype(np.int32), steps[:, 1].astype(np.int32),
                      float(p["cost"]), float(p["time"]), int(p["peak"]), int(p["model_peak"]),
-                     splits, unit_peaks)
+                     splits, unit_peaks, runtimes, runs)
 
 
 def _check(table: PlanTable) -> str:
@@ -340,7 +377,8 @@ class _Candidate:
 
 
 class _Layouts:
-    """Executor layouts of candidate programs, walked once per program (shared by solvers)."""
+    """Executor layouts of candidate programs, walked once per program and runtimes (shared by
+    solvers), each with its seconds under those runtimes and runs."""
 
     def __init__(self, inst: Instance, names: tuple[str, ...]) -> None:
         if inst.tree is None:
@@ -348,16 +386,40 @@ class _Layouts:
                              "memory: build it from a Profile")
         self.inst = inst
         self.names = names
-        self.done: dict[tuple[int, str], tuple[str, Layout]] = {}
+        self.tree = TreeIndex(inst.tree)
+        # the runtime that runs units in runs: its steps are grouped as the walk finds them
+        self.grouping = rt.ONNXRUNTIME if rt.ONNXRUNTIME in inst.runtimes else ""
+        self.done: dict[tuple[int, str], tuple[str, Layout, float]] = {}
         self.walks = 0
 
-    def of(self, r: int, pairs: tuple[tuple[int, int], ...]) -> tuple[str, Layout]:
-        pid = program_id((self.names[u], c) for u, c in pairs)
-        found = self.done.get((r, pid))
+    def assignments(self, pairs: tuple[tuple[int, int], ...]) -> list[tuple[str, ...]]:
+        """The runtimes to try for a program's steps: none named (a profile without
+        runtimes); else each unit's fastest, ONNX Runtime wherever it can, all torch."""
+        if not self.inst.runtimes:
+            return [("",) * len(pairs)]
+        nodes = [(self.tree.nodes[self.names[u]], c) for u, c in pairs]
+        fastest = tuple(step_runtime(n, Step(n.name, c)) for n, c in nodes)
+        out = [fastest]
+        if self.grouping:
+            out.append(tuple(self.grouping if isinstance(n, Layer) and supports(n, self.grouping)
+                             else rt.TORCH for n, _ in nodes))
+        if self.inst.runtime_choice != rt.ONNXRUNTIME:
+            out.append((rt.TORCH,) * len(nodes))
+        return list(dict.fromkeys(out))
+
+    def of(self, r: int, pairs: tuple[tuple[int, int], ...], runtimes: tuple[str, ...]
+           ) -> tuple[str, Layout, float]:
+        """(plan id, layout, seconds) of a program on r samples with these step runtimes."""
+        steps = [Step(self.names[u], c, runtime) for (u, c), runtime in zip(pairs, runtimes)]
+        key = (r, program_id((s.unit, s.samples, s.runtime) for s in steps))
+        found = self.done.get(key)
         if found is None:
-            steps = [Step(self.names[u], c) for u, c in pairs]
-            found = (pid, layout(self.inst.tree, steps, r, granule=self.inst.granule))  # type: ignore[arg-type]
-            self.done[(r, pid)] = found
+            lay = layout(self.inst.tree, steps, r, granule=self.inst.granule,  # type: ignore[arg-type]
+                         runtime=self.grouping, measured=self.inst.run_memory)
+            named = lay.steps or tuple(steps)
+            seconds = program_time(self.tree, named, lay.runs, self.inst.calls)
+            found = (program_id((s.unit, s.samples, s.runtime) for s in named), lay, seconds)
+            self.done[key] = found
             self.walks += 1
         return found
 
@@ -414,26 +476,37 @@ def _candidates(inst: Instance, solver: str, slot: int, M: int,
 
 def _frontier(inst: Instance, layouts: _Layouts, r: int, candidates: Iterable[_Candidate],
               add: Callable[[TablePlan], int]) -> TableRow:
-    """The row of r: by ascending executor peak, every candidate ranked above all before it."""
+    """The row of r: by ascending executor peak, every candidate ranked above all before it.
+
+    Each candidate is laid out with every runtime assignment ``_Layouts.assignments`` gives;
+    with the time objective, seconds with those runtimes and runs rank before the solver's
+    own rank (its DP cost cannot see runs)."""
     laid = []
     for cand in candidates:
-        pid, lay = layouts.of(r, cand.pairs)
-        laid.append((lay.peak, cand.rank, pid, lay, cand))
+        for runtimes in layouts.assignments(cand.pairs):
+            pid, lay, seconds = layouts.of(r, cand.pairs, runtimes)
+            time = seconds if inst.runtimes else cand.time
+            rank = (time if inst.objective == "time" and inst.runtimes else 0.0, cand.rank)
+            laid.append((lay.peak, rank, pid, lay, cand, time))
     laid.sort(key=lambda t: (t[0], t[1]))
     peaks: list[int] = []
     plans: list[int] = []
-    best = math.inf
+    best: tuple[float, float] = (math.inf, math.inf)
     n_units = len(layouts.names)
-    for peak, rank, pid, lay, cand in laid:
+    names = {name: i for i, name in enumerate(inst.runtimes)}
+    for peak, rank, pid, lay, cand, time in laid:
         if rank >= best:
             continue
         best = rank
         arr = np.array(cand.pairs, dtype=np.int32).reshape(-1, 2)
         unit_peaks = np.zeros(n_units, dtype=np.int64)
         np.maximum.at(unit_peaks, arr[:, 0], np.asarray(lay.needs, dtype=np.int64))
-        plan = TablePlan(pid, arr[:, 0].copy(), arr[:, 1].copy(), cand.cost, cand.time, peak,
+        step_rt = (np.array([names[s.runtime] for s in lay.steps], dtype=np.int8)
+                   if inst.runtimes else None)
+        cost = time if inst.objective == "time" and inst.runtimes else cand.cost
+        plan = TablePlan(pid, arr[:, 0].copy(), arr[:, 1].copy(), cost, time, peak,
                          cand.model_peak, tuple((k, tuple(v)) for k, v in lay.splits.items()),
-                         unit_peaks)
+                         unit_peaks, step_rt, lay.runs if inst.runtimes else ())
         peaks.append(peak)
         plans.append(add(plan))
     return TableRow(np.array(peaks, dtype=np.int64), np.array(plans, dtype=np.int64))
@@ -476,7 +549,8 @@ def build_tables(model: Profile | Instance, solvers: Sequence[str] = ("vbs",), *
                      for r in range(1, inst.batch_max + 1))
         out[solver] = PlanTable(fingerprint=inst.fingerprint, solver=solver, objective=objective,
                                 slot_bytes=slot, granule=inst.granule, batch_max=inst.batch_max,
-                                units=names, plans=tuple(plans), rows=rows)
+                                units=names, plans=tuple(plans), rows=rows,
+                                runtimes=inst.runtimes)
     return out
 
 

@@ -28,7 +28,9 @@ def plan_description(table: PlanTable, index: int, r: int) -> dict[str, Any]:
             "time_per_sample_s": tp.time_total / r,
             "throughput_per_s": r / tp.time_total if tp.time_total > 0 else None,
             "peak_bytes": tp.peak_bytes, "model_peak_bytes": tp.model_peak_bytes,
-            "units": [{"unit": u.name, "batches": list(u.batches), "need_bytes": u.need_bytes}
+            "calls": len(tp.runs) or None,  # runtime calls its runs make (None: torch alone)
+            "units": [{"unit": u.name, "batches": list(u.batches), "need_bytes": u.need_bytes,
+                       "runtime": "+".join(u.runtimes) or "torch"}
                       for u in unit_uses(table, index)]}
 
 
@@ -92,8 +94,8 @@ def book(name: str, profile: Profile, tables: Mapping[str, PlanTable], served: s
                     d = plan_description(t, index, r)
                     seen[key] = len(plans)
                     plans.append({**{k: v for k, v in d.items() if k != "units"},
-                                  "units": [[position[u["unit"]], u["batches"], u["need_bytes"]]
-                                            for u in d["units"]]})
+                                  "units": [[position[u["unit"]], u["batches"], u["need_bytes"],
+                                             u["runtime"]] for u in d["units"]]})
                 indices.append(seen[key])
             rows[str(r)] = {"peaks": row.peaks.tolist(), "plans": indices}
         strategies[s] = {"units": units, "plans": plans, "rows": rows}

@@ -2,7 +2,8 @@
 it holds no data; what it reads from the JSON endpoints asks for the key when one is set).
 
 The files live in ``planner/view/static`` (shared with ``vbs show --html``) and are read once.
-``GET /`` sends a browser to the page.
+``GET /`` sends a browser to the page; ``GET /favicon.ico`` is its icon (``service.favicon``),
+which the page served here links.
 """
 
 from __future__ import annotations
@@ -13,15 +14,23 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from planner.view.page import ASSETS, asset
+from service import favicon
 from service.errors import AssetNotFoundError
 
 router = APIRouter(tags=["ui"])
 _SERVED = ("ui.js", "ui.css")
+_ICON_LINK = b'<link rel="icon" href="favicon.ico" sizes="16x16 32x32 48x48">\n'
 
 
 @cache
 def _file(name: str) -> bytes:
     return asset(name)
+
+
+@cache
+def _page() -> bytes:
+    """The page, linking the icon (relative, as its other files: it works under a prefix)."""
+    return _file("ui.html").replace(b"</head>", _ICON_LINK + b"</head>", 1)
 
 
 @router.get("/", summary="Redirect to the page", response_class=RedirectResponse,
@@ -35,8 +44,15 @@ async def get_root(request: Request) -> RedirectResponse:
             response_class=Response, responses={200: {"content": {"text/html": {}}}})
 async def get_ui(request: Request) -> Response:
     request.state.vbs_endpoint = "other"
-    return Response(_file("ui.html"), media_type=ASSETS["ui.html"],
-                    headers={"Cache-Control": "no-cache"})
+    return Response(_page(), media_type=ASSETS["ui.html"], headers={"Cache-Control": "no-cache"})
+
+
+@router.get("/favicon.ico", summary="The page's icon", response_class=Response,
+            responses={200: {"content": {favicon.MEDIA_TYPE: {}}}})
+async def get_favicon(request: Request) -> Response:
+    request.state.vbs_endpoint = "other"
+    return Response(favicon.icon(), media_type=favicon.MEDIA_TYPE,
+                    headers={"Cache-Control": "public, max-age=86400"})
 
 
 @router.get("/ui/{asset_name}", summary="The page's script and style sheet",

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from service import codecs, serving
 from service.deps import LeanRoute, NoQuery, RegistryDep, inference_call, lean_openapi
 from service.errors import BAD_REQUEST, NO_MODEL, NOT_READY, error_responses
+from service.registry import ModelEntry
 from service.routers.health import readiness
 
 router = APIRouter(prefix="/v2", tags=["open inference protocol v2"])
@@ -20,8 +21,8 @@ SERVER_NAME = "vbs-serve"
 EXTENSIONS = ["binary_tensor_data"]
 
 
-@router.get("", summary="Server metadata")
-async def get_server() -> dict[str, object]:
+def server_metadata() -> dict[str, object]:
+    """The server's name, release and extensions (HTTP and gRPC answer the same)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -29,6 +30,23 @@ async def get_server() -> dict[str, object]:
     except PackageNotFoundError:
         release = "unknown"
     return {"name": SERVER_NAME, "version": release, "extensions": EXTENSIONS}
+
+
+def model_metadata(entry: ModelEntry) -> dict[str, object]:
+    """A ready model's OIP metadata (HTTP and gRPC answer the same; gRPC has no
+    ``parameters``)."""
+    datatype = codecs.V2_OF_DTYPE.get(entry.spec.dtype, "FP32")  # bfloat16 is sent as FP32
+    return {"name": entry.name, "versions": ["1"], "platform": "pytorch_vbs",
+            "inputs": [{"name": "input", "datatype": datatype, "shape": [-1, *entry.input_shape]}],
+            "outputs": [{"name": codecs.OUTPUT_NAME, "datatype": "FP32",
+                         "shape": [-1, *entry.output_shape]}],
+            "parameters": {"model": entry.spec.name, "batch_max": entry.table.batch_max,
+                           "fingerprint": entry.fingerprint, "table_version": entry.table_version}}
+
+
+@router.get("", summary="Server metadata")
+async def get_server() -> dict[str, object]:
+    return server_metadata()
 
 
 @router.get("/health/live", summary="Liveness")
@@ -46,14 +64,7 @@ async def get_ready(request: Request, registry: RegistryDep) -> JSONResponse:
 @router.get("/models/{name}", summary="Model metadata",
             responses=error_responses({**BAD_REQUEST, **NO_MODEL, **NOT_READY}))
 async def get_model(name: str, registry: RegistryDep) -> dict[str, object]:
-    entry = registry.ready_entry(name)
-    datatype = codecs.V2_OF_DTYPE.get(entry.spec.dtype, "FP32")  # bfloat16 is sent as FP32
-    return {"name": entry.name, "versions": ["1"], "platform": "pytorch_vbs",
-            "inputs": [{"name": "input", "datatype": datatype, "shape": [-1, *entry.input_shape]}],
-            "outputs": [{"name": codecs.OUTPUT_NAME, "datatype": "FP32",
-                         "shape": [-1, *entry.output_shape]}],
-            "parameters": {"model": entry.spec.name, "batch_max": entry.table.batch_max,
-                           "fingerprint": entry.fingerprint, "table_version": entry.table_version}}
+    return model_metadata(registry.ready_entry(name))
 
 
 @router.get("/models/{name}/ready", summary="Model readiness",

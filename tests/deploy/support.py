@@ -7,6 +7,7 @@ missing elsewhere skips the tests that need it, with the reason; the rest still 
 
 from __future__ import annotations
 
+import functools
 import http.server
 import os
 import shutil
@@ -107,3 +108,25 @@ def run_python_check(argv: list[str], port: int) -> int:
     env["VBS_PORT"] = str(port)
     return subprocess.run([sys.executable, *argv[1:]], env=env, capture_output=True,
                           timeout=30).returncode
+
+
+@functools.cache
+def exported_metric_names() -> frozenset[str]:
+    """Every series name a service exports on /metrics, read from a real app's registry (not a
+    list kept here): a counter ``x`` as ``x_total`` and ``x_created``, a histogram as its
+    ``_bucket``, ``_sum``, ``_count`` and ``_created``, a gauge as itself."""
+    from planner.settings import Settings
+    from service.main import create_app
+
+    suffixes = {"counter": ("_total", "_created"), "gauge": ("",),
+                "histogram": ("_bucket", "_sum", "_count", "_created")}
+    app = create_app(Settings(grpc_port=0))
+    return frozenset(family.name + suffix for family in app.state.metrics.registry.collect()
+                     for suffix in suffixes[family.type])
+
+
+def promql_metrics(expr: str) -> set[str]:
+    """The vbs-serve series a PromQL expression reads (the ``vbs_`` names in it)."""
+    import re
+
+    return set(re.findall(r"\bvbs_[a-z0-9_]+", expr))

@@ -72,8 +72,11 @@ def test_worker_serves_after_the_planner_succeeded(compose: dict[str, Any]) -> N
     assert command_text(worker).startswith("vbs serve")
     assert worker["depends_on"]["redis"]["condition"] == "service_healthy"
     assert worker["depends_on"]["planner"]["condition"] == "service_completed_successfully"
-    assert worker["ports"] == ["${WORKER_BIND:-127.0.0.1}:${WORKER_PORT:-8000}:8000"], \
-        "the worker is published on localhost unless WORKER_BIND says otherwise"
+    assert worker["ports"] == ["${WORKER_BIND:-127.0.0.1}:${WORKER_PORT:-8000}:8000",
+                               "${WORKER_BIND:-127.0.0.1}:${WORKER_GRPC_PORT:-8001}:8001"], \
+        "HTTP and gRPC are published on localhost unless WORKER_BIND says otherwise"
+    assert worker["environment"]["VBS_GRPC_PORT"] == "8001"
+    assert command_text(worker).endswith("--grpc-port 8001")
     assert worker["environment"]["VBS_API_KEY"] == "${VBS_API_KEY:-}"
     assert "/v2/health/live" in healthcheck_text(worker)
 
@@ -144,12 +147,13 @@ def test_compose_config_resolves_and_needs_a_password() -> None:
     assert services["redis"]["environment"]["REDIS_PASSWORD"] == "0123abcd"
     assert services["worker"]["depends_on"]["planner"]["condition"] == "service_completed_successfully"
     assert [(p["host_ip"], p["published"], p["target"]) for p in services["worker"]["ports"]] \
-        == [("127.0.0.1", "8000", 8000)]
+        == [("127.0.0.1", "8000", 8000), ("127.0.0.1", "8001", 8001)]
     assert services["worker"]["environment"]["VBS_API_KEY"] == ""  # empty: no key
     public = compose_config("compose.yaml", env={"REDIS_PASSWORD": "x1", "WORKER_BIND": "0.0.0.0",
                                                  "VBS_API_KEY": "k" * 16})
     worker = json.loads(public.stdout)["services"]["worker"]
-    assert worker["ports"][0]["host_ip"] == "0.0.0.0" and worker["environment"]["VBS_API_KEY"] == "k" * 16
+    assert {p["host_ip"] for p in worker["ports"]} == {"0.0.0.0"}
+    assert worker["environment"]["VBS_API_KEY"] == "k" * 16
 
     models = compose_config("compose.yaml", env={"REDIS_PASSWORD": "x1", "VBS_MODELS": "resnet18,c3d"})
     assert json.loads(models.stdout)["services"]["planner"]["environment"]["VBS_MODELS"] == "resnet18,c3d"

@@ -129,14 +129,16 @@ def test_runs_as_a_non_root_numeric_user(instructions: list[Instruction]) -> Non
                for i in final_stage(instructions)), "uid 10001 has no passwd entry"
 
 
-def test_exposes_8000_and_serves_by_default(instructions: list[Instruction]) -> None:
+def test_exposes_8000_and_8001_and_serves_by_default(instructions: list[Instruction]) -> None:
     runtime = final_stage(instructions)
-    assert any(i.keyword == "EXPOSE" and "8000" in i.args.split() for i in runtime)
+    exposed = {port for i in runtime if i.keyword == "EXPOSE" for port in i.args.split()}
+    assert {"8000", "8001"} <= exposed, "HTTP (8000) and gRPC (8001)"
     cmd = [i for i in runtime if i.keyword == "CMD"]
     assert cmd and exec_form(cmd[-1].args) == ["vbs", "serve"]
     env = " ".join(i.args for i in runtime if i.keyword == "ENV")
     for name in ("VBS_CACHE_DIR", "NUMBA_CACHE_DIR", "MPLCONFIGDIR"):
         assert name in env, f"runtime ENV does not set {name} (needed with a read-only root fs)"
+    assert "VBS_GRPC_PORT=8001" in env.split()
 
 
 def test_installs_the_project_as_a_package_with_pinned_torch(flavour: str,

@@ -191,6 +191,7 @@ def test_worker_probes_hit_the_health_endpoints(render: Render, overlay: str) ->
     _, worker = worker_of(render(overlay))
     ports = {p["name"]: p["containerPort"] for p in worker["ports"]}
     assert ports.get("http") == 8000
+    assert ports.get("grpc") == 8001 == int(config_map(render(overlay))["VBS_GRPC_PORT"])
     expected = {"startupProbe": "/v2/health/live", "livenessProbe": "/v2/health/live",
                 "readinessProbe": "/v2/health/ready"}
     for probe, path in expected.items():
@@ -339,14 +340,22 @@ def test_only_workers_and_planners_reach_redis(render: Render, overlay: str) -> 
                and "Ingress" in p["spec"]["policyTypes"] for p in policies), "no default deny"
 
 
-def test_workers_take_ingress_on_8000(render: Render, overlay: str) -> None:
+def test_workers_take_ingress_on_8000_and_8001(render: Render, overlay: str) -> None:
     objects = render(overlay)
     deployment, _ = worker_of(objects)
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     ports = {x.get("port") for p in of_kind(objects, "NetworkPolicy")
              if selector_matches(p["spec"]["podSelector"], labels) and p["spec"]["podSelector"]
              for rule in p["spec"].get("ingress", []) for x in rule.get("ports", [])}
-    assert 8000 in ports
+    assert {8000, 8001} <= ports
+
+
+def test_the_worker_service_carries_http_and_grpc(render: Render, overlay: str) -> None:
+    service = one([s for s in of_kind(render(overlay), "Service")
+                   if s["metadata"]["name"] == "vbs-worker"], "vbs-worker Service")
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert (ports["http"]["port"], ports["grpc"]["port"]) == (8000, 8001)
+    assert ports["grpc"]["appProtocol"] == "kubernetes.io/h2c", "gRPC is cleartext HTTP/2"
 
 
 # ------------------------------------------------------------------------------- redis

@@ -1,6 +1,6 @@
 """The compose services' commands, run as local processes against a real redis-server:
 `vbs plan` publishes a plan table and exits 0, `vbs serve` loads it, turns ready and answers
-inference requests with model(x).
+inference requests with model(x), over HTTP and over gRPC.
 
 A broken install fails here instead of skipping: the `vbs` console script must be installed
 beside this Python and list every subcommand (a module that failed to import is a failure of
@@ -154,12 +154,13 @@ def test_plan_then_serve_then_infer(vbs: str, redis_url: str, env: dict[str, str
     assert plan.returncode == 0, f"vbs plan failed:\n{plan.stdout}\n{plan.stderr}"
 
     # worker service
-    port = free_port()
+    port, grpc_port = free_port(), free_port()
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
         server.append(subprocess.Popen(
             [vbs, "serve", "--model", MODEL, *model_flags(weights),
-             "--store", redis_url, "--host", "127.0.0.1", "--port", str(port)],
+             "--store", redis_url, "--host", "127.0.0.1", "--port", str(port),
+             "--grpc-port", str(grpc_port)],
             env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT))
     process = server[0]
     base = f"http://127.0.0.1:{port}"
@@ -196,3 +197,12 @@ def test_plan_then_serve_then_infer(vbs: str, redis_url: str, env: dict[str, str
 
     status, _ = get(f"{base}/plan?mem=30MB&batch={BATCH_MAX}")
     assert status == 200, "GET /plan failed"
+
+    # the same model over gRPC, with Triton's client
+    tgrpc = pytest.importorskip("tritonclient.grpc")
+    with tgrpc.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client:
+        assert client.is_server_ready() and client.is_model_ready(MODEL)
+        tensor = tgrpc.InferInput("input", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x.numpy())
+        got = torch.from_numpy(client.infer(MODEL, [tensor]).as_numpy("output").copy())
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)

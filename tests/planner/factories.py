@@ -68,6 +68,28 @@ class InplaceResidual(nn.Module):
         return self.narrow(self.wide(self.relu(self.inner(y) + y)))
 
 
+class Unexportable(nn.Module):
+    """A residual block whose branch ends in ``sinc``, which torch.onnx cannot export, and a
+    concatenation of two branches after it: that one unit runs on torch, the rest anywhere."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.odd = nn.Conv2d(8, 8, 3, padding=1)
+        self.left = nn.Conv2d(8, 4, 1)
+        self.right = nn.Conv2d(8, 4, 3, padding=1)
+        self.head = nn.Conv2d(8, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.stem(x))
+        x = x + torch.sinc(self.odd(x))
+        return self.head(torch.cat([self.left(x), torch.relu(self.right(x))], 1))
+
+
+def unexportable() -> nn.Module:
+    return Unexportable()
+
+
 def inplace_residual() -> nn.Module:
     return InplaceResidual()
 

@@ -4,7 +4,7 @@ It reads the Profile tree directly (not the solver's model) so that it checks th
 and the simulator from outside. A state is, for the main chain, how many samples wait at
 each boundary, plus the open phase of a parallel block if any: (block position, phase size,
 current branch, the branch chain's own state, recursively). A move runs one unit on c of the
-samples waiting at its input, or opens a block phase of c samples, exactly as DESIGN.md's
+samples waiting at its input, or opens a block phase of c samples, exactly as docs/architecture.md's
 model of memory says; Dijkstra over moves gives the least total cost to bring all r samples
 to the output within the budget. Exponential: only for tiny instances (tests).
 """

@@ -1,4 +1,4 @@
-"""The simulator: the one executable statement of what a program means (DESIGN.md's model).
+"""The simulator: the one executable statement of what a program means (docs/architecture.md's model).
 
 Every need below is computed by hand from the model of memory in the module docstring of
 planner.solver.simulate, so these tests pin the semantics the executor must follow.
@@ -146,9 +146,15 @@ def test_program_json_round_trip_and_errors():
     assert prog.plan_id == Program((Step("L0", 2), Step("L1", 1))).plan_id
     assert prog.plan_id != Program.of([("L0", 1), ("L1", 2)]).plan_id
     assert len(prog.plan_id) == 16
-    for bad, match in [({"unit": "L0"}, "must be a JSON list"), ([{"unit": "L0"}], "exactly"),
+    on_ort = Program((Step("L0", 2, "onnxruntime"), Step("L1", 1, "torch")))
+    assert Program.from_json(on_ort.to_json()) == on_ort
+    assert on_ort.plan_id != prog.plan_id  # where a step runs is part of the program
+    for bad, match in [({"unit": "L0"}, "must be a JSON list"),
+                       ([{"unit": "L0"}], "'unit' and 'samples'"),
+                       ([{"unit": "L0", "samples": 1, "extra": 1}], "'unit' and 'samples'"),
                        ([{"unit": 3, "samples": 1}], "unit name"),
-                       ([{"unit": "L0", "samples": "2"}], "whole number")]:
+                       ([{"unit": "L0", "samples": "2"}], "whole number"),
+                       ([{"unit": "L0", "samples": 2, "runtime": "tvm"}], "'runtime' must be")]:
         with pytest.raises(InvalidProgramError, match=match):
             Program.from_json(bad)
     # a JSON program (list of dicts) is accepted by the simulator directly

@@ -27,6 +27,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from planner.settings import Settings
+from service.grpc_server import UvicornServer
 from service.protocol import HttpProtocol
 from service.registry import ModelEntry
 
@@ -40,7 +41,8 @@ def settings_for(cache: Path, store: Path | str, **overrides: Any) -> Settings:
     base: dict[str, Any] = dict(
         cache_dir=cache, store=str(store), batch_max=4, profile_repeats=1, profile_warmup=0,
         slot_count=64, models=[TINY], max_batch_delay_ms=2, store_poll_s=0.05,
-        store_retry_base_s=0.02, store_retry_cap_s=0.2, request_timeout_s=30)
+        store_retry_base_s=0.02, store_retry_cap_s=0.2, request_timeout_s=30,
+        grpc_port=0)  # gRPC off unless a test asks for it (test_grpc.py: on a free port)
     base.update(overrides)
     return Settings(**base)
 
@@ -82,9 +84,9 @@ class ServerThread:
 
     def __init__(self, app: FastAPI) -> None:
         self.app = app
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0,
-                                                    log_level="warning", lifespan="on",
-                                                    http=HttpProtocol))  # as `vbs serve`
+        self.server = UvicornServer(uvicorn.Config(app, host="127.0.0.1", port=0,
+                                                   log_level="warning", lifespan="on",
+                                                   http=HttpProtocol))  # as `vbs serve`
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
         self.url = ""
 

@@ -275,13 +275,15 @@ def test_image_preprocessing_is_torchvision_s_without_torch() -> None:
 
 def _costed(profile: Profile, fixed_s: float, per_sample_s: float = 1e-3) -> Profile:
     """``profile`` with a table-making cost per call: ``fixed_s`` + ``per_sample_s`` a sample
-    per layer and no workspaces. With a fixed cost, one batch of n + k samples is predicted to
-    save (layers x ``fixed_s``) over a batch of n and one of k; without, nothing."""
+    per layer and no workspaces, on torch alone (no other runtime's figures or call costs).
+    With a fixed cost, one batch of n + k samples is predicted to save (layers x ``fixed_s``)
+    over a batch of n and one of k; without, nothing."""
     def redo(node: Any) -> Any:
         if isinstance(node, Layer):
             b = range(1, len(node.time) + 1)
             return dataclasses.replace(node, time=tuple(fixed_s + per_sample_s * k for k in b),
-                                       ws=tuple(0 for _ in b))
+                                       ws=tuple(0 for _ in b), runtimes=(), runtime=(),
+                                       unsupported=())
         return dataclasses.replace(node, children=tuple(redo(c) for c in node.children))
     return dataclasses.replace(profile, root=redo(profile.root))
 

@@ -53,7 +53,8 @@ def settings(tmp_path_factory: pytest.TempPathFactory, vbs_cache: Path) -> Setti
     base: dict[str, Any] = dict(
         cache_dir=vbs_cache, store=str(store), batch_max=4, profile_repeats=1, profile_warmup=0,
         slot_count=64, models=[f"{m}@3x32x32" for m in MODELS], cpu_model_threads="per_model",
-        max_batch_delay_ms=2, request_timeout_s=60, store_poll_s=0.05)
+        max_batch_delay_ms=2, request_timeout_s=60, store_poll_s=0.05,
+        grpc_port=0)  # no gRPC: the default port may be another server's
     plan = Settings(**base)
     tables = {}
     with open_store(plan.store_location) as st:

@@ -153,14 +153,16 @@ def test_a_store_down_at_start_is_retried_and_not_ready(make_settings: Callable[
 
 
 def regular(profile: Profile) -> Profile:
-    """``profile`` with a fixed cost per call (1 ms + 0.1 ms a sample) and no workspaces: larger
-    batches are always faster and need more memory, so every budget below the top has its own
-    plan (times and workspaces measured on a shared CPU are too noisy to promise that)."""
+    """``profile`` with a fixed cost per call (1 ms + 0.1 ms a sample) and no workspaces, on
+    torch alone: larger batches are always faster and need more memory, so every budget below
+    the top has its own plan (times and workspaces measured on a shared CPU are too noisy to
+    promise that)."""
     def redo(node: Any) -> Any:
         if isinstance(node, Layer):
             b = range(1, len(node.time) + 1)
             return dataclasses.replace(node, time=tuple(1e-3 + 1e-4 * k for k in b),
-                                       ws=tuple(0 for _ in b))
+                                       ws=tuple(0 for _ in b), runtimes=(), runtime=(),
+                                       unsupported=())
         return dataclasses.replace(node, children=tuple(redo(c) for c in node.children))
     return dataclasses.replace(profile, root=redo(profile.root))
 

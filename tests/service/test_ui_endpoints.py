@@ -1,14 +1,16 @@
-"""The page's JSON and files over real HTTP: ``GET /ui``, ``/models/{name}/curves``,
+"""The page's JSON and files over real HTTP: ``GET /ui``, its icon, ``/models/{name}/curves``,
 ``/models/{name}/tree``, ``/models/{name}/stats`` (the browser tests are in tests/ui/)."""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
+from PIL import Image
 
 from planner.solver.compare import unit_uses
 from planner.tree import iter_nodes
@@ -42,6 +44,17 @@ def test_the_page_and_its_files_are_served_without_a_key(client: httpx.Client) -
         assert got.status_code == 200 and got.headers["content-type"].startswith(kind)
         assert len(got.content) > 1000
     assert_error(client.get("/ui/secrets.txt"), 404, "asset_name", "secrets.txt", "ui.js")
+
+
+def test_the_page_links_its_icon_and_the_icon_is_served(client: httpx.Client) -> None:
+    """Browsers ask for /favicon.ico on every load of the page: an image, not a 404."""
+    page = client.get("/ui")
+    head = page.text.split("</head>")[0]
+    assert '<link rel="icon" href="favicon.ico"' in head  # relative: /favicon.ico from /ui
+    icon = client.get(httpx.URL(str(page.url)).join("favicon.ico"))
+    assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/")
+    image = Image.open(io.BytesIO(icon.content))
+    assert image.format == "ICO" and {(16, 16), (32, 32), (48, 48)} <= image.info["sizes"]
 
 
 def test_curves_are_the_table_rows(server: ServerThread, keyed: httpx.Client) -> None:

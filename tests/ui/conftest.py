@@ -70,7 +70,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     env = {**os.environ, "VBS_CACHE_DIR": str(work / "cache"), "VBS_STORE": str(work / "store"),
            "VBS_MODELS": MODELS, "VBS_BATCH_MAX": "4", "VBS_PROFILE_REPEATS": "1",
            "VBS_PROFILE_WARMUP": "0", "VBS_SLOT_COUNT": "64", "VBS_API_KEY": KEY,
-           "VBS_STORE_POLL_S": "0.2",
+           "VBS_STORE_POLL_S": "0.2", "VBS_GRPC_PORT": "0",
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     log = work / "serve.log"
     with open(log, "wb") as out:

@@ -57,6 +57,8 @@ def shown_rows(sec: Any) -> list[dict[str, Any]]:
         unit: g.dataset.unit, kind: g.dataset.kind, depth: Number(g.dataset.depth),
         batches: g.dataset.batches.split(',').map(Number), unused: Number(g.dataset.unused),
         phases: [...g.querySelectorAll('g.phase')].map(p => Number(p.dataset.samples)),
+        runtime: g.dataset.runtime,
+        shown_runtime: g.querySelector('.unit-runtime').textContent.trim(),
         title: g.querySelector('title').textContent}))""")
 
 
@@ -69,10 +71,13 @@ def check_plan(sec: Any, answer: dict[str, Any]) -> None:
     assert headline.locator("[data-role=time-per-sample]").inner_text() == \
         fmt_seconds(plan["time_per_sample_s"])
     rows = shown_rows(sec)
-    assert [(r["unit"], r["batches"], r["unused"]) for r in rows] == [
-        (u["unit"], u["batches"], u["unused_bytes"]) for u in plan["units"]]
+    assert [(r["unit"], r["batches"], r["unused"], r["runtime"]) for r in rows] == [
+        (u["unit"], u["batches"], u["unused_bytes"], u["runtime"]) for u in plan["units"]]
     for row in rows:
         assert row["phases"] == row["batches"]  # one bar per phase, in order
+        # the unit's runtime beside its name, and in its tooltip
+        assert row["shown_runtime"] == {"onnxruntime": "ort"}.get(row["runtime"], row["runtime"])
+        assert f"on {row['runtime']}" in row["title"]
         assert row["title"].startswith(f"{row['unit']}: phases of ")
     assert sec.locator("g.phase").count() == sum(len(u["batches"]) for u in plan["units"])
     assert sec.locator("rect.unused").count() == len(plan["units"])

@@ -89,10 +89,11 @@ def test_the_file_shows_the_planners_comparison_offline(
                     assert cell.inner_text() == (o.plan.plan_id if o.plan else "-")
                 vbs_plan = want.outcome("vbs")
                 rows = sec.locator("g.unit-row").evaluate_all("""rs => rs.map(g => [
-                    g.dataset.unit, g.dataset.batches, Number(g.dataset.unused)])""")
+                    g.dataset.unit, g.dataset.batches, Number(g.dataset.unused),
+                    g.dataset.runtime])""")
                 assert sorted(rows) == sorted(
-                    [u.name, ",".join(map(str, u.batches)), budget - u.need_bytes]
-                    for u in vbs_plan.units)
+                    [u.name, ",".join(map(str, u.batches)), budget - u.need_bytes,
+                     "+".join(u.runtimes) or "torch"] for u in vbs_plan.units)
                 assert sec.locator("g.phase").count() == sum(len(u.batches) for u in vbs_plan.units)
         # inception blocks: four branches each, grouped under their block
         assert sec.locator("g.branch-row").count() == 4 * sum(

@@ -1,4 +1,4 @@
-"""`vbs bench`: the JSON contract of DESIGN.md, plots and files, budgets respected."""
+"""`vbs bench`: the JSON contract of docs/architecture.md, plots and files, budgets respected."""
 
 from __future__ import annotations
 
@@ -26,11 +26,17 @@ def test_bench_json_rows_and_outputs(tmp_path, capsys) -> None:
     for row in rows:
         assert KEYS <= set(row)
         if row["feasible"]:
-            assert row["peak_bytes_measured"] <= row["memory_budget"]
-            # CPU: the table's claim is what ran, to the byte, and a fresh walk agrees
-            assert row["peak_bytes_measured"] == row["peak_bytes_claimed"] == row["peak_bytes_predicted"]
+            assert row["peak_bytes_claimed"] <= row["memory_budget"]
+            # CPU: a fresh walk predicts what torch allocates, to the byte; the table's claim
+            # is that, plus what ONNX Runtime holds inside its calls where steps ran there
+            assert row["peak_bytes_measured"] == row["peak_bytes_predicted"]
+            if row["runtimes"] == ["torch"]:
+                assert row["peak_bytes_claimed"] == row["peak_bytes_measured"]
+            else:
+                assert row["peak_bytes_claimed"] >= row["peak_bytes_measured"]
             assert row["max_abs_error"] < 1e-3
             assert row["time_per_sample_measured"] > 0
+    assert any(r["runtimes"] and "onnxruntime" in r["runtimes"] for r in rows)
     # One accounting: the sweep starts where fbs-best runs one sample at a time, so the first
     # budget is feasible for fbs-best and vbs; at the top every strategy but greedy runs.
     low = [r for r in rows if r["memory_budget"] == min(x["memory_budget"] for x in rows)]

@@ -131,9 +131,10 @@ def test_an_inplace_unit_writes_into_a_buffer_of_its_own_as_the_walk_counts() ->
     class Timed(TorchBackend):  # the executor's own back end, each unit's run a region
         region: Callable[[str], Any]
 
-        def run(self, unit: Layer, x: torch.Tensor, samples: int) -> torch.Tensor:
+        def run(self, unit: Layer, x: torch.Tensor, samples: int, runtime: str = "torch"
+                ) -> torch.Tensor:
             with self.region(f"{unit.name}|{samples}"):
-                return super().run(unit, x, samples)
+                return super().run(unit, x, samples, runtime)
 
         def run_in_place(self, unit: Layer, chunk: torch.Tensor, samples: int) -> torch.Tensor:
             with self.region(f"{unit.name}|{samples}"):

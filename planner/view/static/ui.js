@@ -15,6 +15,7 @@
                   'fbs-best': '#a0101c'};
   const DASHES = {vbs: '', paper: '7 3', greedy: '2 3', fbs: '9 3 2 3', 'fbs-best': '4 2'};
   const PHASE_FILLS = ['#1f4e9e', '#2f66b8'];
+  const RUNTIME_SHORT = {onnxruntime: 'ort', torch: 'torch'};  // a unit's runtime, beside its name
   const SLIDER_STEPS = 200;
   const LIVE_EVERY_MS = 1500;
   const MODELS_EVERY_MS = 5000;
@@ -243,10 +244,11 @@
       return {
         feasible: true, solver: s, plan_id: p.plan_id, time_total_s: p.time_total_s,
         time_per_sample_s: p.time_per_sample_s, throughput_per_s: p.throughput_per_s,
-        peak_bytes: p.peak_bytes, model_peak_bytes: p.model_peak_bytes,
+        peak_bytes: p.peak_bytes, model_peak_bytes: p.model_peak_bytes, calls: p.calls,
         breakpoint_bytes: p.peak_bytes, unused_bytes: budget - p.peak_bytes,
-        units: p.units.map(([u, batches, need]) => ({
-          unit: strategy.units[u], batches, need_bytes: need, unused_bytes: budget - need}))};
+        units: p.units.map(([u, batches, need, runtime]) => ({
+          unit: strategy.units[u], batches, need_bytes: need, unused_bytes: budget - need,
+          runtime}))};
     }
 
     async plan(name, budget, r) {
@@ -467,6 +469,7 @@
           el('strong', {'data-role': 'time-per-sample', text: fmtSeconds(plan.time_per_sample_s)}),
           ` per sample, ${plan.throughput_per_s ? plan.throughput_per_s.toFixed(1) : '-'} samples/s; ` +
           `allocates ${fmtBytes(plan.peak_bytes)} of the ${fmtBytes(answer.memory_budget)} budget` +
+          (plan.calls ? `; its runs make ${plan.calls} ONNX Runtime call${plan.calls > 1 ? 's' : ''}` : '') +
           (gain ? `; ${gain.toFixed(2)}× as fast as ${answer.baseline}.` : '.'));
       } else {
         headline.append(el('strong', {'data-role': 'infeasible',
@@ -558,13 +561,18 @@
         }
         const use = row.use;
         if (!use) return;
+        const runtime = use.runtime || 'torch';
+        const name = svgEl('text', {x: row.depth * indent, y: y + 13, fill: '#1a1a1a', 'font-size': 12,
+                                    'font-weight': row.kind === 'block' ? 600 : 400, class: 'unit-name'},
+                           label);
+        name.append(svgEl('tspan', {fill: '#4d4d4d', 'font-size': 10, 'font-weight': 400,
+                                    class: 'unit-runtime'}, ` ${RUNTIME_SHORT[runtime] || runtime}`));
         const g = svgEl('g', {class: 'unit-row', 'data-unit': use.unit, 'data-kind': row.kind,
                               'data-batches': use.batches.join(','), 'data-unused': use.unused_bytes,
-                              'data-depth': row.depth},
-          svgEl('title', {}, `${use.unit}: phases of ${use.batches.join(', ')} samples; holds ` +
-                `at most ${fmtBytes(use.need_bytes)}, ${fmtBytes(use.unused_bytes)} of the budget unused`),
-          svgEl('text', {x: row.depth * indent, y: y + 13, fill: '#1a1a1a', 'font-size': 12,
-                         'font-weight': row.kind === 'block' ? 600 : 400, class: 'unit-name'}, label));
+                              'data-depth': row.depth, 'data-runtime': runtime},
+          svgEl('title', {}, `${use.unit}: phases of ${use.batches.join(', ')} samples on ${runtime}; ` +
+                `holds at most ${fmtBytes(use.need_bytes)}, ${fmtBytes(use.unused_bytes)} of the budget unused`),
+          name);
         let x = nameW;
         use.batches.forEach((c, k) => {
           const w = c / r * barW;

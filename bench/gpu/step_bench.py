@@ -1,0 +1,62 @@
+"""Step ``bench``: `vbs bench` of every model and dtype, every strategy at every budget.
+
+Each is a `vbs bench --out` of its own (profile at the request size, the five strategies'
+tables, every (strategy, budget) run interleaved; ``workers.bench``). The record keeps its
+summary and rows, and per model the figures the summary tables need: runs over budget (must
+be 0), MAPE of predicted time and peak, how often the table's claimed peak was the measured
+one, and vbs's largest measured gain over fbs (the paper's baseline) and over fbs-best.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bench.gpu.config import Config
+from bench.gpu.record import VBS, Deadline, Record, run
+
+
+def gains(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """vbs's largest measured gain over fbs and over fbs-best, and at which budget; as the paper
+    states it too (the reduction of time per sample, %)."""
+    out: dict[str, Any] = {}
+    for key, base in (("gain_over_fbs", "fbs"), ("gain_over_fbs_best", "fbs-best")):
+        cells = [r for r in rows if r["strategy"] == "vbs" and r.get(key)]
+        if not cells:
+            out[base] = None
+            continue
+        best = max(cells, key=lambda r: r[key])
+        out[base] = {"gain": best[key], "reduction_pct": 100 * (1 - 1 / best[key]),
+                     "budget": best["memory_budget"]}
+    return out
+
+
+def main(cfg: Config, work: Path, rec: Record, deadline: Deadline) -> None:
+    for item in cfg.benches:
+        if not deadline.allows(item.estimate_s):
+            rec.skip(f"bench {item.label}", f"{deadline.left():.0f} s left of the call")
+            continue
+        out = work / "bench" / f"{item.model}-{item.dtype}"
+        cmd = [*VBS, "bench", "--model", item.model, *item.shape_arg, "--batch", str(item.batch),
+               "--batch-max", str(item.batch_max), "--memory", item.memory,
+               "--repeat", str(item.repeat), "--device", cfg.device, "--dtype", item.dtype,
+               "--runtime", cfg.runtime, "--out", str(out)]
+        ran = run(cmd, timeout_s=deadline.left(), env=cfg.vbs_env(work))
+        row: dict[str, Any] = {"label": item.label, "model": item.model, "dtype": item.dtype,
+                               "batch": item.batch, "memory": item.memory, "rc": ran.rc,
+                               "wall_s": ran.seconds}
+        result = out / f"{item.model}.json"
+        if ran.ok and result.exists():
+            data = json.loads(result.read_text())
+            s = data["summary"]
+            row.update(summary=s, rows=data["rows"], gains=gains(data["rows"]),
+                       runtimes=sorted({rt for r in data["rows"] for rt in r.get("runtimes") or ()}))
+            rec.item(row)
+            rec.check(f"bench {item.label}: no run over its budget", s["budget_exceeded"] == 0,
+                      f"{s['budget_exceeded']} of {s['runs']} runs over budget")
+            rec.check(f"bench {item.label}: runs", s["runs"] > 0, f"{s['runs']} runs")
+        else:
+            row["error"] = ran.tail(2000)
+            rec.item(row)
+            rec.check(f"bench {item.label}", False, row["error"][-300:])

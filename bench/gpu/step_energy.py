@@ -1,0 +1,158 @@
+"""Step ``energy``: vbs's table planned for energy beside its table planned for time, both run.
+
+Per model: a profile on the device (time, workspaces), every unit's energy at a few batch sizes
+from the device's counter (``planner.profiling.energy``: NVML's board energy on CUDA), then the
+tables of both objectives. At each budget the plan for time and the plan for energy (and
+fbs-best's, the reference) run interleaved, each repeated for a window of the counter: time
+and energy per sample, measured beside what the profile predicts. A CPU has no energy counter
+here, so the rehearsal reads process CPU time through the same meter (``cpu-s``): the same
+measurement, planning and runs, in CPU-seconds, not joules, and the summary says so.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.gpu.config import Config, Run
+from bench.gpu.record import Deadline, Record
+
+class CpuTimeCounter:
+    """The rehearsal's stand-in where no energy counter exists: CPU-seconds of this process."""
+
+    name = "process CPU time (a stand-in: the CPU has no energy counter here; not energy)"
+    unit = "cpu-s"
+
+    def read(self) -> float:
+        return time.process_time()
+
+
+def predicted_energy(profile: Any, steps: Any) -> float:
+    """What the profile says a program spends: each step's node at its samples."""
+    from planner.tree import iter_nodes
+
+    energy = {n.name: n.energy for n in iter_nodes(profile.root) if getattr(n, "energy", ())}
+    return sum(energy[s.unit][s.samples - 1] for s in steps if s.unit in energy)
+
+
+def fitting_grid(grid: list[int], units: int, per_s: float, share_s: float) -> list[int]:
+    """The batch sizes to measure energy at within about half of ``share_s``: the counter's
+    tick sets what one (unit, b) costs, so a coarse counter gets fewer sizes (1 and B at least;
+    the rest are interpolated)."""
+    grid = list(grid)
+    while len(grid) > 2 and units * len(grid) * per_s > 0.5 * share_s:
+        grid.pop(len(grid) // 2)
+    return grid
+
+
+def _model(cfg: Config, item: Run, rec: Record, share_s: float) -> None:
+    import torch
+
+    from planner.errors import InfeasibleError
+    from planner.graph.capture import capture
+    from planner.models import ModelSpec, load_model
+    from planner.profiling import energy
+    from planner.profiling.profiler import ProfileOptions, measure
+    from planner.solver.compare import budget_range
+    from planner.solver.memory import parse_budgets
+    from planner.solver.table import build_tables
+    from planner.tree import iter_layers
+    from workers.executor import execute
+
+    t0 = time.perf_counter()
+    cap = capture(load_model(ModelSpec(item.model, input_shape=item.shape, dtype=item.dtype,
+                                       device=cfg.device)))
+    profile = measure(cap, ProfileOptions(batch_max=item.batch_max, repeats=cfg.profile_repeats,
+                                          warmup=cfg.profile_warmup, runtime=cfg.runtime),
+                      progress=False)
+    counter = energy.NvmlCounter(cap.model.device) if cfg.device == "cuda" else CpuTimeCounter()
+    clock = energy.calibrate(counter)
+    window = max(cfg.energy_min_window_s, cfg.energy_window_ticks * clock.tick_s)
+    grid = fitting_grid(energy.energy_grid(item.batch_max), len(list(iter_layers(cap.tree))),
+                        window + 2 * clock.tick_s, share_s)
+    spent, meta = energy.measure_units(cap, counter, grid, window_ticks=cfg.energy_window_ticks,
+                                       min_window_s=cfg.energy_min_window_s, clock=clock)
+    profile = energy.with_energy(profile, spent, meta)
+    tables = {"time": build_tables(profile, ("vbs", "fbs", "fbs-best"), objective="time"),
+              "energy": build_tables(profile, ("vbs",), objective="energy")}
+    r = item.batch
+    budgets = parse_budgets(item.memory, *budget_range(tables["time"], r))
+    planned_s = time.perf_counter() - t0
+    meter = energy.Meter(counter, clock, energy.device_sync(cap.model.device))
+    x = cap.model.example(r, seed=7)
+    configs, rows = [], []
+    for budget in budgets:
+        row: dict[str, Any] = {"budget": budget, "plans": {}}
+        for key, obj, solver in (("time", "time", "vbs"), ("energy", "energy", "vbs"),
+                                 ("fbs-best", "time", "fbs-best")):
+            try:
+                plan = tables[obj][solver].lookup(r, budget)
+            except InfeasibleError as exc:
+                row["plans"][key] = {"feasible": False, "reason": str(exc)[:200]}
+                continue
+            cell = {"feasible": True, "plan_id": plan.plan_id, "peak_bytes": plan.executor_peak_bytes,
+                    "time_per_sample_predicted": plan.time_per_sample,
+                    "energy_per_sample_predicted": predicted_energy(profile, plan.program.steps) / r}
+            row["plans"][key] = cell
+            configs.append((cell, plan))
+        row["same_plan"] = row["plans"].get("time", {}).get("plan_id") == \
+            row["plans"].get("energy", {}).get("plan_id")
+        rows.append(row)
+
+    def job(plan: Any) -> Any:
+        return lambda: execute(cap, plan.program.steps, x, plan.split_map, plan.run_map, None)
+
+    window = max(cfg.energy_min_window_s, cfg.energy_window_ticks * clock.tick_s)
+    repeats = {}
+    with torch.inference_mode():
+        for cell, plan in configs:  # warm-up, and how many runs fill the window
+            job(plan)()
+            meter.sync()
+            t = time.perf_counter()
+            job(plan)()
+            meter.sync()
+            repeats[id(cell)] = max(1, math.ceil(window / max(time.perf_counter() - t, 1e-6)))
+        samples: dict[int, list[tuple[float, float]]] = {id(c): [] for c, _ in configs}
+        for _ in range(item.repeat):
+            for cell, plan in configs:
+                n, run, took = repeats[id(cell)], job(plan), []
+
+                def work(n: int = n, run: Any = run, took: list[float] = took) -> None:
+                    start = time.perf_counter()
+                    for _ in range(n):
+                        run()
+                    meter.sync()
+                    took.append(time.perf_counter() - start)
+
+                used = meter.spent(work)
+                samples[id(cell)].append((took[0] / (n * r), used / (n * r)))
+    for cell, _ in configs:
+        cell["time_per_sample_measured"] = statistics.median(t for t, _ in samples[id(cell)])
+        cell["energy_per_sample_measured"] = statistics.median(e for _, e in samples[id(cell)])
+        cell["runs_per_window"] = repeats[id(cell)]
+    rec.item({"label": item.label, "model": item.model, "dtype": item.dtype, "batch": r,
+              "counter": counter.name, "unit": counter.unit, "energy_meta": meta,
+              "profile_s": profile.meta.get("elapsed_s"), "planned_s": round(planned_s, 2),
+              "seconds": round(time.perf_counter() - t0, 2), "rows": rows})
+    both = [row for row in rows if row["plans"].get("time", {}).get("feasible")
+            and row["plans"].get("energy", {}).get("feasible")]
+    rec.check(f"energy {item.label}: plans for time and for energy ran", bool(both),
+              f"{len(both)} of {len(rows)} budgets")
+    rec.check(f"energy {item.label}: the counter counted",
+              all(c["energy_per_sample_measured"] > 0 for c, _ in configs),
+              f"{counter.name}, tick {clock.tick_s:.4f} s")
+
+
+def main(cfg: Config, work: Path, rec: Record, deadline: Deadline) -> None:
+    for k, item in enumerate(cfg.energy):
+        if not deadline.allows(item.estimate_s):
+            rec.skip(f"energy {item.label}", f"{deadline.left():.0f} s left of the call")
+            continue
+        try:
+            _model(cfg, item, rec, deadline.left() / (len(cfg.energy) - k))
+        except Exception as exc:  # noqa: BLE001 - recorded; the next model still runs
+            rec.item({"label": item.label, "error": f"{type(exc).__name__}: {exc}"})
+            rec.check(f"energy {item.label}", False, f"{type(exc).__name__}: {exc}"[:400])

@@ -1,0 +1,92 @@
+"""Step ``tests``: the tests marked ``gpu``, then the planner and workers suites.
+
+On CUDA every ``gpu`` test must pass and none may be skipped (a skip there means a GPU path did
+not run). On the CPU they run up to their CUDA call and skip there, with a reason that starts
+with ``CUDA only:`` (tests/gpu/conftest.py); any other skip or a failure fails the step. The
+suites run whole on CUDA; in the rehearsal they are collected only (every module imports in
+the installed environment: a wheel the GPU machine lacks shows here), since `make test` has
+already run them.
+"""
+
+from __future__ import annotations
+
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+from bench.gpu.config import Config
+from bench.gpu.record import Deadline, Record, run
+
+GPU_PATHS = ("tests/gpu", "tests/planner", "tests/workers")
+SUITES = ("tests/planner", "tests/workers")
+CUDA_ONLY = "CUDA only:"
+
+
+def junit(path: Path) -> dict[str, Any]:
+    """Counts, failures and skip reasons from a pytest JUnit XML file."""
+    out: dict[str, Any] = {"passed": 0, "failed": 0, "skipped": 0, "failures": [], "skips": []}
+    if not path.exists():
+        return out
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = f"{case.get('classname')}::{case.get('name')}"
+        bad = case.find("failure")
+        if bad is None:
+            bad = case.find("error")
+        skip = case.find("skipped")
+        if bad is not None:
+            out["failed"] += 1
+            out["failures"].append({"test": name, "message": (bad.get("message") or "")[:500]})
+        elif skip is not None:
+            out["skipped"] += 1
+            out["skips"].append({"test": name, "reason": (skip.get("message") or "")[:300]})
+        else:
+            out["passed"] += 1
+    return out
+
+
+def pytest(args: list[str], xml: Path, deadline: Deadline, log: Path) -> tuple[int, dict[str, Any]]:
+    ran = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o",
+               "console_output_style=classic", f"--junitxml={xml}", *args],
+              timeout_s=deadline.left(), log=log)
+    counts = junit(xml)
+    counts.update(rc=ran.rc, seconds=ran.seconds, tail=ran.tail(1500))
+    return ran.rc, counts
+
+
+def main(cfg: Config, work: Path, rec: Record, deadline: Deadline) -> None:
+    cuda = cfg.device == "cuda"
+    rc, gpu = pytest(["-m", "gpu", *GPU_PATHS], work / "tests-gpu.xml", deadline,
+                     work / "tests-gpu.log")
+    rec.item({"what": "pytest -m gpu " + " ".join(GPU_PATHS), **gpu})
+    rec.check("gpu tests: none failed", rc in (0, 5) and gpu["failed"] == 0,
+              "; ".join(f"{f['test']}: {f['message']}" for f in gpu["failures"]) or gpu["tail"][-300:])
+    rec.check("gpu tests: some ran", gpu["passed"] + gpu["skipped"] > 0)
+    if cuda:
+        rec.check("gpu tests: none skipped on CUDA", gpu["skipped"] == 0,
+                  "; ".join(f"{s['test']}: {s['reason']}" for s in gpu["skips"]))
+    else:
+        stray = [s for s in gpu["skips"] if CUDA_ONLY not in s["reason"]
+                 and "needs CUDA" not in s["reason"]]
+        rec.check("gpu tests: skipped only at their CUDA call", not stray,
+                  "; ".join(f"{s['test']}: {s['reason']}" for s in stray))
+    if cfg.full_suites:
+        if not deadline.allows(120):
+            rec.skip("pytest " + " ".join(SUITES), f"{deadline.left():.0f} s left")
+            return
+        rc, suites = pytest(["-m", "not gpu", *SUITES], work / "tests-suites.xml", deadline,
+                            work / "tests-suites.log")
+        rec.item({"what": "pytest -m 'not gpu' " + " ".join(SUITES), **suites})
+        rec.check("planner and workers suites pass", rc == 0 and suites["failed"] == 0,
+                  "; ".join(f"{f['test']}: {f['message']}" for f in suites["failures"][:10])
+                  or suites["tail"][-300:])
+    else:
+        ran = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                   "--collect-only", *SUITES], timeout_s=deadline.left(),
+                  log=work / "tests-collect.log")
+        collected = next((line for line in reversed(ran.output.splitlines()) if "collected" in line
+                          or "tests" in line), "")
+        rec.item({"what": "pytest --collect-only " + " ".join(SUITES), "rc": ran.rc,
+                  "seconds": ran.seconds, "result": collected.strip()})
+        rec.check("planner and workers suites import in this environment", ran.ok,
+                  ran.tail(600))

@@ -1,0 +1,260 @@
+"""Step ``summary``: out/gpu/*.json as summary.md, the tables docs/benchmarks.md takes.
+
+It reads whatever steps have records (one device call brings back some; the session copies
+every call's files into out/gpu/ and runs ``make gpu STEP=summary`` here), names every step
+and whether it ran, and puts the paper's Table II beside our gains, cited, in columns of its
+own. Its first line says on what device the figures were measured: a CPU rehearsal's are not
+GPU results, and the line says so.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bench.gpu.paper import CITATION, TABLE_II
+
+STEPS = ("install", "tests", "profile", "bench", "serve", "energy", "summary")
+MiB = 2**20
+
+
+def _load(out: Path) -> dict[str, dict[str, Any]]:
+    records = {}
+    for step in STEPS:
+        path = out / f"{step}.json"
+        if path.exists():
+            records[step] = json.loads(path.read_text())
+    return records
+
+
+def _ms(seconds: float | None, digits: int = 2) -> str:
+    return "—" if seconds is None else f"{seconds * 1e3:.{digits}f}"
+
+
+def _mib(n: float | None) -> str:
+    return "—" if n is None else f"{n / MiB:.1f}"
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{x:.1f}"
+
+
+def _n(x: float | None) -> str:
+    return "—" if x is None else f"{x:.0f}"
+
+
+def headline(records: dict[str, dict[str, Any]]) -> str:
+    devices = {r.get("device") for step, r in records.items() if step != "summary"}
+    env = next((r["environment"] for r in records.values() if r.get("environment")), {})
+    if devices != {"cuda"}:
+        return ("**CPU rehearsal (`make gpu DEVICE=cpu QUICK=1`): every figure below was measured "
+                f"on the CPU ({env.get('cpu', 'this machine')}) with small models; none is a "
+                "GPU result.**")
+    return (f"**GPU run on {env.get('gpu', 'a GPU')}** (CUDA {env.get('cuda')}, cuDNN "
+            f"{env.get('cudnn')}, driver {env.get('driver')}, torch {env.get('torch')}, commit "
+            f"{env.get('commit')}): figures measured on that GPU by `make gpu`.")
+
+
+def _steps(records: dict[str, dict[str, Any]]) -> list[str]:
+    lines = ["## Steps", "", "| step | ran | checks | seconds | skipped |", "|---|---|---|---|---|"]
+    for step in STEPS:
+        r = records.get(step)
+        if r is None:
+            lines.append(f"| {step} | not in this run | — | — | — |")
+            continue
+        checks = r.get("checks", [])
+        bad = [c for c in checks if not c["ok"]]
+        state = "ok" if r.get("ok") and not bad else f"**{len(bad)} failed**"
+        lines.append(f"| {step} | {r.get('started_at', '')} | {state} ({len(checks)}) | "
+                     f"{r.get('elapsed_s', 0):.0f} | {len(r.get('skipped', []))} |")
+    failed = [(s, c) for s, r in records.items() for c in r.get("checks", []) if not c["ok"]]
+    if failed:
+        lines += ["", "Failed checks:", ""]
+        lines += [f"- {s}: {c['name']}: {c['detail'][:300]}" for s, c in failed]
+    skipped = [(s, k) for s, r in records.items() for k in r.get("skipped", [])]
+    if skipped:
+        lines += ["", "Skipped (the call's deadline):", ""]
+        lines += [f"- {s}: {k['what']} ({k['why']})" for s, k in skipped]
+    return lines + [""]
+
+
+def _install(r: dict[str, Any]) -> list[str]:
+    d = r.get("device_info") or {}
+    return ["## Install", "",
+            f"Python {r.get('python_version')} ({r.get('executable')}); "
+            f"{'a fresh venv' if r.get('fresh_venv') else 'the machine’s own Python'}; "
+            f"{len(r.get('wheels', []))} wheels ({r.get('wheels_mib')} MiB) from "
+            f"`{r.get('wheels_dir')}`; timings {r.get('timings')}. torch {d.get('torch')}, CUDA "
+            f"available: {d.get('cuda_available')}{', ' + str(d.get('gpu')) if d.get('gpu') else ''}."
+            f" Missing requirements: {r.get('missing') or 'none'}; outside pyproject's floors: "
+            f"{r.get('outside_floor') or 'none'}; import errors: {r.get('import_errors') or 'none'}.",
+            ""]
+
+
+def _tests(r: dict[str, Any]) -> list[str]:
+    lines = ["## Tests", "", "| run | passed | failed | skipped | seconds |", "|---|---|---|---|---|"]
+    for item in r["items"]:
+        if "passed" in item:
+            lines.append(f"| `{item['what']}` | {item['passed']} | {item['failed']} | "
+                         f"{item['skipped']} | {item['seconds']:.0f} |")
+        else:
+            lines.append(f"| `{item['what']}` | {item.get('result', '')} | — | — | "
+                         f"{item['seconds']:.0f} |")
+    skips = [s for item in r["items"] for s in item.get("skips", [])]
+    if skips:
+        lines += ["", "Skipped: " + "; ".join(f"`{s['test'].rsplit('.', 1)[-1]}` ({s['reason']})"
+                                              for s in skips[:20])]
+    return lines + [""]
+
+
+def _profile(r: dict[str, Any]) -> list[str]:
+    lines = ["## Profiling (`vbs profile`)", "",
+             "| model | dtype | input | units | B | profile (s) | wall (s) | per sample at b=1 (ms) "
+             "| per sample at b=B (ms) | runtime |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for p in r["items"]:
+        if p.get("rc") != 0:
+            lines.append(f"| {p['model']} | {p['dtype']} | failed | | | | {p['wall_s']:.0f} | | | |")
+            continue
+        shape = "x".join(map(str, p.get("input_shape") or []))
+        lines.append(f"| {p['model']} | {p['dtype']} | {shape} | {p['units']} | {p['batch_max']} | "
+                     f"{p['profile_s']} | {p['wall_s']:.0f} | {_ms(p['per_sample_b1_s'])} | "
+                     f"{_ms(p['per_sample_bmax_s'])} | {p['runtime']} |")
+    return lines + ["", "profile (s): the profiler's own time (meta `elapsed_s`); wall: the whole "
+                    "`vbs profile`, with loading and capturing the model.", ""]
+
+
+def _bench(r: dict[str, Any]) -> list[str]:
+    from workers.bench import markdown
+
+    done = [b for b in r["items"] if "summary" in b]
+    lines = ["## Every strategy at every budget (`vbs bench`)", "",
+             "| model | dtype | budgets (MiB) | runs | over budget | time MAPE (%) | claimed peak = "
+             "measured | peak MAPE (%) | vbs vs fbs, max | vbs vs fbs-best, max | runtime |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for b in done:
+        s, g = b["summary"], b["gains"]
+        budgets = sorted({row["memory_budget"] for row in b["rows"]})
+
+        def gain(base: str) -> str:
+            x = g.get(base)
+            return "—" if not x else f"{x['gain']:.2f}x at {_mib(x['budget'])} MiB"
+
+        lines.append(f"| {b['model']} | {b['dtype']} | {_mib(budgets[0])}-{_mib(budgets[-1])} | "
+                     f"{s['runs']} | {s['budget_exceeded']} | {_pct(s['time_mape'])} | "
+                     f"{s['claimed_equals_measured']} of {s['runs']} | {_pct(s['peak_mape'])} | "
+                     f"{gain('fbs')} | {gain('fbs-best')} | {', '.join(b['runtimes'])} |")
+    lines += ["", "### Beside the paper's Table II", "",
+              f"The paper's columns are its own figures ({CITATION}), not ours: another GPU, "
+              "another PyTorch, and budgets of 15-40 MB, where ours run from where fbs-best runs "
+              "one sample to where fbs runs the whole request. Both state the largest reduction "
+              "of time per sample of VBS over FBS (the largest uniform batch that fits); ours are "
+              "measured, and the last column is against fbs-best, the tuned uniform batch.", "",
+              "| model | ours: vbs vs fbs, max reduction (%) | ours: vs fbs-best (%) | paper's "
+              "network | paper, memory < 30 MB (%) | paper, memory > 35 MB (%) |",
+              "|---|---|---|---|---|---|"]
+    for model, (name, low, high) in TABLE_II.items():
+        ours = [b for b in done if b["model"] == model]
+        fbs = ", ".join(f"{b['gains']['fbs']['reduction_pct']:.1f} ({b['dtype']})" for b in ours
+                        if b["gains"].get("fbs")) or "—"
+        best = ", ".join(f"{b['gains']['fbs-best']['reduction_pct']:.1f} ({b['dtype']})"
+                         for b in ours if b["gains"].get("fbs-best")) or "—"
+        lines.append(f"| {model} | {fbs} | {best} | {name} | {low:.2f} | {high:.2f} |")
+    lines += ["", "### Per model", ""]
+    for b in done:
+        if b["summary"]["runs"]:
+            lines += [f"dtype {b['dtype']}:", "", markdown({"summary": b["summary"], "rows": b["rows"]})]
+    failed = [b for b in r["items"] if "summary" not in b]
+    lines += [f"- {b['label']}: failed: {b.get('error', '')[-300:]}" for b in failed]
+    return lines + [""]
+
+
+def _energy(r: dict[str, Any]) -> list[str]:
+    lines = ["## Planned for energy beside planned for time", ""]
+    for e in r["items"]:
+        if "rows" not in e:
+            lines += [f"- {e['label']}: failed: {e.get('error', '')}", ""]
+            continue
+        joules = e["unit"] == "J"
+        unit, scale = ("mJ", 1e3) if joules else ("cpu-ms", 1e3)
+        m = e["energy_meta"]
+        lines += [f"### {e['label']} (r = {e['batch']})", "",
+                  f"Counter: {e['counter']}; tick {m['tick_s'] * 1e3:.2f} ms, window "
+                  f"{m['window_s'] * 1e3:.0f} ms, batch sizes {m['batch_sizes_measured']}; "
+                  f"energy measured in {m['elapsed_s']} s (profile {e['profile_s']} s)."
+                  + ("" if joules else " **Not energy: the CPU has no energy counter here, so the "
+                     "rehearsal counts CPU-seconds through the same meter.**"), "",
+                  f"| budget (MiB) | planned for time: ms / {unit} per sample, measured (predicted) "
+                  f"| planned for energy: ms / {unit} per sample, measured (predicted) | fbs-best | "
+                  "same plan |", "|---|---|---|---|---|"]
+
+        def cell(c: dict[str, Any]) -> str:
+            if not c.get("feasible"):
+                return "infeasible"
+            return (f"{_ms(c['time_per_sample_measured'])} / "
+                    f"{c['energy_per_sample_measured'] * scale:.3f} "
+                    f"({_ms(c['time_per_sample_predicted'])} / "
+                    f"{c['energy_per_sample_predicted'] * scale:.3f})")
+
+        for row in e["rows"]:
+            p = row["plans"]
+            lines.append(f"| {_mib(row['budget'])} | {cell(p.get('time', {}))} | "
+                         f"{cell(p.get('energy', {}))} | {cell(p.get('fbs-best', {}))} | "
+                         f"{'yes' if row['same_plan'] else 'no'} |")
+        lines.append("")
+    return lines
+
+
+def _serve(r: dict[str, Any]) -> list[str]:
+    limit = r.get("limit") or {}
+    lines = ["## The service under load while another process takes memory", "",
+             f"`vbs serve` ({r.get('model')}, {r.get('clients')} clients x {r.get('samples')} "
+             f"sample(s), {r.get('duration_s')} s, margin {r.get('margin')}) with a memory limit "
+             f"of {_mib(limit.get('limit'))} MiB (where the tables predict vbs's largest gain "
+             f"over fbs-best, {limit.get('predicted_gain', 0):.2f}x, for a full batch), "
+             "bench/memory_hog.py taking and freeing memory beside it.", "",
+             "| tables | answered | errors | samples/s | p50 (ms) | p99 (ms) | OOM retries | "
+             "splits | rejected | 5xx | plan peaks seen (MiB) | memory free seen (MiB) | hog "
+             "cycles | exit |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for one in r["items"]:
+        load, m, seen = one.get("load") or {}, one.get("metrics") or {}, one.get("over_time") or {}
+        peaks = seen.get("plan_peaks_seen") or []
+        lines.append(
+            f"| {one['solver']} | {load.get('ok', '—')} | {load.get('errors', '—')} | "
+            f"{load.get('throughput_samples_per_s', 0):.1f} | {_ms(load.get('latency_p50_s'), 1)} | "
+            f"{_ms(load.get('latency_p99_s'), 1)} | {_n(m.get('oom_retries'))} | "
+            f"{_n(m.get('batch_splits'))} | {_n(m.get('rejected'))} | "
+            f"{_n(m.get('requests_5xx'))} | {len(peaks)}: "
+            f"{_mib(peaks[0]) if peaks else '—'}-{_mib(peaks[-1]) if peaks else '—'} | "
+            f"{_mib(seen.get('free_min'))}-{_mib(seen.get('free_max'))} | "
+            f"{(one.get('hog') or {}).get('cycles', 0)} | {one.get('service_rc')} |"
+            if one.get("ready") else f"| {one['solver']} | not ready | | | | | | | | | | | | |")
+    rates = {one["solver"]: (one.get("load") or {}).get("throughput_samples_per_s")
+             for one in r["items"]}
+    if rates.get("vbs") and rates.get("fbs-best"):
+        lines += ["", f"Served with vbs's tables: {rates['vbs'] / rates['fbs-best']:.2f}x the "
+                  "samples per second of fbs-best's, at the same limit and load."]
+    if r.get("device") != "cuda":
+        lines += ["", "On the CPU the hog's memory does not count against the service's limit "
+                  "(no cgroup joins the two processes here), so step-downs and OOM retries are "
+                  "not expected in this rehearsal; on CUDA both share the device's free memory."]
+    return lines + [""]
+
+
+def write(out: Path) -> Path:
+    """summary.md from the records in ``out``."""
+    records = _load(out)
+    lines = [headline(records), "", "Made by `make gpu` (bench/gpu/); the device calls are in "
+             "docs/gpu.md. Every figure comes from the JSON records beside this file.", ""]
+    lines += _steps(records)
+    sections = {"install": _install, "tests": _tests, "profile": _profile, "bench": _bench,
+                "serve": _serve, "energy": _energy}
+    for step, render in sections.items():
+        if step in records:
+            try:
+                lines += render(records[step])
+            except (KeyError, TypeError, ValueError) as exc:  # a partial record: say so, go on
+                lines += [f"## {step}", "", f"(the record could not be summarised: {exc!r})", ""]
+    path = out / "summary.md"
+    path.write_text("\n".join(lines))
+    return path

@@ -1,0 +1,195 @@
+"""ONNX Runtime under the plan: one InferenceSession per run of units, outputs bound in place.
+
+A run (consecutive children of one series, at one batch size) is composed from the units'
+ONNX graphs (``planner.runtimes.onnx_graphs``) and gets a session the first time it runs;
+sessions are kept by run, the least recently used given back beyond ``max_sessions``
+(`VBS_ORT_SESSIONS`): each holds a thread and its share of the arena. Inputs and outputs are
+bound with I/O binding to the executor's own tensors, so ONNX Runtime allocates only what lives inside a run: the activations between
+its units and its kernels' scratch, which is the run's workspace in the model of memory.
+
+Every session of the process shares one arena that grows by what is asked, no more
+(``kSameAsRequested``): sessions are many, and an arena each would multiply held memory by
+their number. Each session has its own intra-op threads (as many as torch uses) that sleep
+when idle instead of spinning: a served model's call is followed by work on other threads
+(the event loop answering, the next requests arriving), and spinning threads take the cores
+from it. Sleeping costs a wake-up per operator, which shows on one-sample calls at low load:
+``spin`` (`VBS_ORT_SPIN`) trades the one for the other (docs/benchmarks.md, section 1).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from planner.errors import ExecutionError
+from planner.graph.capture import Capture
+from planner.runtimes.onnx_graphs import CannotCompose, UnitGraphs, export_units
+from planner.tree import Node, Parallel, Series
+
+NAME = "onnxruntime"
+VERSION = ort.__version__
+_NUMPY = {torch.float32: np.float32}
+_SETUP = threading.Lock()
+_READY = False
+
+
+def _environment() -> None:
+    """One arena for every session of the process (set up once)."""
+    global _READY
+    with _SETUP:
+        if _READY:
+            return
+        ort.set_default_logger_severity(3)  # its optimiser's notes are not the user's business
+        info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0,
+                                 ort.OrtMemType.DEFAULT)
+        # max_mem 0 (no cap), extend by what is asked (1), default chunk and dead-byte sizes
+        ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, 1, -1, -1))
+        _READY = True
+
+
+def session_options(threads: int, *, arena: bool = True, spin: bool = False) -> ort.SessionOptions:
+    """Options of every session: ``threads`` intra-op threads that sleep when idle unless
+    ``spin``, the shared arena (``arena=False``: none, so what a call allocates is given back
+    when it returns, for measuring it)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = max(1, threads)
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if arena:
+        options.add_session_config_entry("session.use_env_allocators", "1")
+    else:
+        options.enable_cpu_mem_arena = False
+    return options
+
+
+def providers(device: torch.device) -> list[str]:
+    """The execution providers for ``device``."""
+    return ["CPUExecutionProvider"]
+
+
+def unavailable(capture: Capture) -> str:
+    """Why ONNX Runtime cannot run this model here at all ('' when it can)."""
+    device = capture.model.device
+    if device.type != "cpu":
+        return (f"ONNX Runtime runs units on the CPU only here (its memory on {device.type} "
+                "is not measured); torch runs them")
+    if capture.model.torch_dtype != torch.float32:
+        return f"its CPU kernels run float32 here, not {capture.model.spec.dtype}"
+    return ""
+
+
+@dataclass
+class _Run:
+    session: ort.InferenceSession
+    binding: threading.local
+    used: int = 0  # when it last ran (OrtUnits' clock): the least recently used goes first
+
+
+class OrtUnits:
+    """Sessions for the runs of one captured model; ``run`` computes a run into a buffer."""
+
+    def __init__(self, capture: Capture, graphs: UnitGraphs | None = None,
+                 threads: int | None = None, *, arena: bool = True, spin: bool = False,
+                 max_sessions: int = 128) -> None:
+        why = unavailable(capture)
+        if why:
+            raise ExecutionError(f"{capture.model.spec.name}: ONNX Runtime cannot run it: {why}")
+        _environment()
+        self.threads = threads or torch.get_num_threads()
+        self.spin = spin
+        self.capture = capture
+        self.graphs = graphs if graphs is not None else export_units(capture)
+        self.device = capture.model.device
+        self._runs: dict[tuple[str, str], _Run] = {}
+        self._lock = threading.Lock()
+        self._clock = itertools.count(1)  # next() is atomic under the GIL: no lock on a hit
+        self.max_sessions = max(1, max_sessions)
+        self._index = _siblings(capture.tree)
+        self._dtype = _NUMPY[capture.model.torch_dtype]
+        self._arena = arena
+
+    def reason(self, node: Node) -> str:
+        """Why ``node`` cannot run on ONNX Runtime ('' when it can)."""
+        return self.graphs.reason(node)
+
+    def nodes(self, first: str, last: str) -> tuple[Node, ...]:
+        """The children of one series from ``first`` to ``last``."""
+        series, start = self._index[first]
+        stop = self._index[last][1]
+        if self._index[last][0] is not series or stop < start:
+            raise ExecutionError(f"{first!r}..{last!r} is not a run of one series")
+        return series.children[start:stop + 1]
+
+    def prepare(self, first: str, last: str) -> None:
+        """Build the session of a run now, not when it first runs."""
+        self._run(first, last)
+
+    @property
+    def sessions(self) -> int:
+        return len(self._runs)
+
+    def _run(self, first: str, last: str) -> _Run:
+        key = (first, last)
+        found = self._runs.get(key)
+        if found is not None:
+            found.used = next(self._clock)
+            return found
+        with self._lock:
+            found = self._runs.get(key)
+            if found is None:
+                while len(self._runs) >= self.max_sessions:  # a call still running keeps its own
+                    del self._runs[min(self._runs, key=lambda k: self._runs[k].used)]
+                try:
+                    model = self.graphs.compose(self.nodes(first, last))
+                except CannotCompose as exc:
+                    raise ExecutionError(f"{self.capture.model.spec.name}: {first}..{last} cannot "
+                                         f"run on ONNX Runtime: {exc}") from exc
+                session = ort.InferenceSession(model.SerializeToString(),
+                                               session_options(self.threads, arena=self._arena,
+                                                               spin=self.spin),
+                                               providers=providers(self.device))
+                found = self._runs[key] = _Run(session, threading.local())
+            found.used = next(self._clock)
+        return found
+
+    def run(self, first: str, last: str, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Run ``first..last`` on ``x`` (contiguous) writing ``out`` (contiguous, allocated by
+        the caller for the run's output); returns ``out``."""
+        run = self._run(first, last)
+        binding = getattr(run.binding, "io", None)
+        if binding is None:
+            binding = run.binding.io = run.session.io_binding()
+        binding.bind_input("x", "cpu", 0, self._dtype, x.shape, x.data_ptr())
+        binding.bind_output("y", "cpu", 0, self._dtype, out.shape, out.data_ptr())
+        run.session.run_with_iobinding(binding)
+        return out
+
+    def output(self, last: Node, like: torch.Tensor, samples: int) -> torch.Tensor:
+        """A contiguous buffer for the output of a run that ends with ``last``."""
+        shape = (self.capture.joins[last.name].out_shape if isinstance(last, Parallel)
+                 else self.capture.units[last.name].out_shape)
+        return torch.empty((samples, *shape), dtype=like.dtype, device=like.device)
+
+
+def _siblings(root: Series) -> dict[str, tuple[Series, int]]:
+    """Every node's series and position in it."""
+    where: dict[str, tuple[Series, int]] = {}
+
+    def add(series: Series) -> None:
+        for i, child in enumerate(series.children):
+            where[child.name] = (series, i)
+            if isinstance(child, Parallel):
+                for branch in child.branches:
+                    add(branch)
+            elif isinstance(child, Series):
+                add(child)
+
+    add(root)
+    return where
+

@@ -1,0 +1,150 @@
+"""Unit runtimes in the plan, on hand-made trees (no torch): which steps one runtime call runs
+(runs), what they hold and cost, and how tables name every step's runtime."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from planner.errors import TableFormatError
+from planner.solver.layout import account, layout
+from planner.solver.program import Step
+from planner.solver.runs import CallCost, TreeIndex, program_time, run_internal
+from planner.solver.table import PlanTable, build_table
+from planner.tree import Layer, Measured, Parallel, Profile, Series
+
+ORT, TORCH = "onnxruntime", "torch"
+B = 4
+
+
+def unit(name: str, size: int = 1, t_ort: float = 1.0, t_torch: float = 3.0, ws_ort: int = 2,
+         ws_torch: int = 1) -> Layer:
+    """A unit ONNX Runtime runs faster, with more workspace (per sample) than torch."""
+    ort = Measured((t_ort,) * B, tuple(ws_ort * b for b in range(1, B + 1)))
+    torch = Measured((t_torch,) * B, tuple(ws_torch * b for b in range(1, B + 1)))
+    return Layer(name, size, size, time=ort.time, ws=ort.ws, runtimes=((TORCH, torch), (ORT, ort)),
+                 runtime=(ORT,) * B)
+
+
+CHAIN = Series("net", (unit("A"), unit("B"), unit("C")))
+BLOCK = Series("net", (
+    unit("stem", size=2),
+    Parallel("blk", 2, 2, branches=(Series("a", (unit("a1", size=2),)), Series("id", ())),
+             join="add", time=(0.5,) * B, runtimes=((ORT, Measured((0.0,) * B)),)),
+    unit("head", size=2),
+))
+COST = {ORT: CallCost((10.0,) * B, (0.25,) * B)}
+
+
+def steps(*pairs: tuple[str, int] | tuple[str, int, str]) -> list[Step]:
+    return [Step(*p) for p in pairs]  # type: ignore[arg-type]
+
+
+def runs_of(tree: Series, program: list[Step], r: int) -> tuple[tuple[int, int], ...]:
+    return layout(tree, program, r, runtime=ORT).runs
+
+
+def test_a_uniform_program_is_one_run_and_names_its_runtime() -> None:
+    lay = layout(CHAIN, steps(("A", 2), ("B", 2), ("C", 2)), 2, runtime=ORT)
+    assert lay.runs == ((0, 2),)
+    assert [s.runtime for s in lay.steps] == [ORT] * 3
+
+
+def test_a_run_ends_where_the_batch_changes_or_samples_wait() -> None:
+    # the paper's phases: A on 2, B on 1 twice, C on 2: four calls
+    assert runs_of(CHAIN, steps(("A", 2), ("B", 1), ("B", 1), ("C", 2)), 2) == \
+        ((0, 0), (1, 1), (2, 2), (3, 3))
+    # A and B on one sample at a time: A's output is all B takes, nothing waits between
+    assert runs_of(CHAIN, steps(("A", 1), ("B", 1), ("A", 1), ("B", 1), ("C", 2)), 2) == \
+        ((0, 1), (2, 3), (4, 4))
+    # the second A's sample must not go straight on: B takes the older one waiting first
+    assert runs_of(CHAIN, steps(("A", 1), ("A", 1), ("B", 1), ("B", 1), ("C", 2)), 2) == \
+        ((0, 0), (1, 1), (2, 2), (3, 3), (4, 4))
+
+
+def test_a_torch_step_is_not_in_any_run() -> None:
+    lay = layout(CHAIN, steps(("A", 2), ("B", 2, TORCH), ("C", 2)), 2, runtime=ORT)
+    assert lay.runs == ((0, 0), (2, 2))
+    assert [s.runtime for s in lay.steps] == [ORT, TORCH, ORT]
+
+
+def test_a_block_run_whole_is_part_of_the_run() -> None:
+    whole = steps(("stem", 2), ("blk", 2), ("a1", 2), ("head", 2))
+    lay = layout(BLOCK, whole, 2, runtime=ORT)
+    assert lay.runs == ((0, 3),) and [s.runtime for s in lay.steps] == [ORT] * 4
+    # its branch on one sample at a time: the block's phase is the walk's (torch folds)
+    split = steps(("stem", 2), ("blk", 2), ("a1", 1), ("a1", 1), ("head", 2))
+    lay = layout(BLOCK, split, 2, runtime=ORT)
+    assert lay.runs == ((0, 0), (2, 2), (3, 3), (4, 4))
+    assert lay.steps[1].runtime == TORCH
+
+
+def test_what_a_run_holds_inside_its_runtime_and_what_the_executor_allocates() -> None:
+    program = steps(("A", 2), ("B", 2), ("C", 2))
+    runs = {0: 2}
+    # inside: B's input and output (A's and C's are the walk's) and its workspace, the most
+    inside = run_internal(CHAIN.children, 2, ORT)
+    assert inside == max(0 + 2 + 4, 2 + 2 + 4, 2 + 0 + 4)
+    # the executor allocates the run's output (the request is its caller's)
+    assert account(CHAIN, program, 2, runs=runs, inside=False).peak == 2
+    assert account(CHAIN, program, 2, runs=runs).peak == inside + 2
+    # a block inside: the fork and every branch output at the join (2 bytes a sample, a
+    # workspace of 2 a sample)
+    assert run_internal(BLOCK.children, 2, ORT) == max(
+        0 + 4 + 4,                     # stem: its output, its workspace
+        4 + 4 + max(0 + 4 + 4, 4),     # blk: fork, join; a1: its output (the branch's), ws
+        4 + 0 + 4)                     # head: its input, its workspace
+
+
+def test_time_of_runs_and_single_calls() -> None:
+    tree = TreeIndex(CHAIN)
+    one = steps(("A", 2, ORT), ("B", 2, ORT), ("C", 2, ORT))
+    # one call: the units' times inside it, and the call's cost for 1 byte in and 1 out a sample
+    assert program_time(tree, one, ((0, 2),), COST) == 3 * 1.0 + 10.0 + 0.25 * 2 * (1 + 1)
+    # three calls: each unit pays a call
+    assert program_time(tree, one, ((0, 0), (1, 1), (2, 2)), COST) == 3 * (1.0 + 10.0 + 0.25 * 4)
+    # on torch: its own times, no call cost
+    assert program_time(tree, steps(("A", 2, TORCH), ("B", 2, TORCH), ("C", 2, TORCH)), (),
+                        COST) == 9.0
+    # a block run whole costs its join's time inside the run; else the walk's folds
+    whole = steps(("stem", 2, ORT), ("blk", 2, ORT), ("a1", 2, ORT), ("head", 2, ORT))
+    assert program_time(TreeIndex(BLOCK), whole, ((0, 3),), COST) == 3.0 + 0.0 + 10.0 + 0.25 * 8
+
+
+def _profile() -> Profile:
+    meta = {"runtime": "auto", "runtimes": {ORT: {"version": "x", "call_s": [1e-3] * B,
+                                                  "byte_s": [0.0] * B}}}
+    tree = Series("net", (unit("A", size=100, t_ort=1e-3, t_torch=3e-3, ws_ort=50, ws_torch=0),
+                          unit("B", size=100, t_ort=1e-3, t_torch=3e-3, ws_ort=50, ws_torch=0)))
+    return Profile(batch_max=B, root=tree, meta=meta)
+
+
+def test_tables_name_every_step_s_runtime_and_keep_torch_where_it_needs_less() -> None:
+    table = build_table(_profile(), slot_count=64)
+    assert table.runtimes == (TORCH, ORT)
+    top = table.plans_for(4)[-1][1]
+    assert {s.runtime for s in top.program.steps} == {ORT} and top.runs == ((0, 1),)
+    assert math.isclose(top.time_total, 2e-3 + 1e-3)  # one call
+    # the least memory: torch's units need no workspace, ONNX Runtime's do
+    least = table.plans_for(4)[0][1]
+    assert {s.runtime for s in least.program.steps} == {TORCH} and least.runs == ()
+    assert least.executor_peak_bytes < top.executor_peak_bytes
+    again = PlanTable.from_bytes(table.to_bytes())
+    assert again.runtimes == table.runtimes
+    for k in range(len(table.plans)):
+        assert again.program(k) == table.program(k) and again.plans[k].runs == table.plans[k].runs
+
+
+def test_tables_of_an_older_schema_are_refused() -> None:
+    import json
+    import zlib
+
+    raw = build_table(_profile(), slot_count=64).to_json()
+    raw["schema"] = "vbs.table/2"
+    with pytest.raises(TableFormatError, match="re-plan"):
+        PlanTable.from_bytes(zlib.compress(json.dumps(raw).encode()))
+    raw["schema"] = "vbs.table/3"
+    raw["plans"][0]["runs"] = [[1, 0]]
+    with pytest.raises(TableFormatError, match="runs"):
+        PlanTable.from_bytes(zlib.compress(json.dumps(raw).encode()))

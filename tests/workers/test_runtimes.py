@@ -1,0 +1,176 @@
+"""Plans on ONNX Runtime, on real models: outputs equal ``model(x)``, the executor allocates what
+the walk counts, and what ONNX Runtime holds inside its calls stays within the table's claim.
+
+Named models of every structure the planner meets (add, concatenation and multiplication
+joins, opaque dense blocks, channel shuffles, 3-D convolutions, layer norms) and small ones it
+has never seen, each profiled with ``--runtime auto`` (torch and ONNX Runtime measured, the
+faster per step), planned, and run by a Worker at several memory limits and request sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from planner.graph.capture import capture
+from planner.models import ModelSpec, load_model
+from planner.profiling.measure import cpu_peaks
+from planner.profiling.profiler import ProfileOptions, fingerprint, measure
+from planner.solver.layout import executor_peak
+from planner.solver.table import build_table
+from planner.tree import Parallel, Profile, iter_layers, iter_nodes
+from workers.executor import execute
+from workers.memory import MemoryProbe
+from workers.worker import Worker
+
+ORT = "onnxruntime"
+REPO = Path(__file__).resolve().parents[2]
+SHAPES = {
+    "mobilenet_v2": (3, 64, 64), "googlenet": (3, 64, 64), "efficientnet_b0": (3, 64, 64),
+    "densenet121": (3, 32, 32), "shufflenet_v2_x1_0": (3, 64, 64), "convnext_tiny": (3, 64, 64),
+    "r3d_18": (3, 4, 32, 32), "tests.planner.factories:unexportable": (3, 16, 16),
+    "tests.planner.factories:inplace_residual": (3, 16, 16),
+}
+B = 4
+
+
+def _worker(name: str) -> tuple[Worker, Profile]:
+    torch.manual_seed(0)
+    cap = capture(load_model(ModelSpec(name, input_shape=SHAPES[name])))
+    profile = measure(cap, ProfileOptions(batch_max=B, repeats=1, warmup=0, runtime="auto"),
+                      progress=False)
+    return Worker(cap, build_table(profile, slot_count=64), MemoryProbe("cpu")), profile
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_onnxruntime_plans_equal_the_model_and_allocate_what_the_walk_counts(name: str) -> None:
+    worker, profile = _worker(name)
+    cap, table = worker.capture, worker.table
+    assert table.runtimes == ("torch", ORT)
+    assert worker.ort is not None and worker.ort.sessions >= 1  # the top plans' sessions
+    smallest = int(table.min_peaks[0])
+    on_ort = 0
+    for fraction in (1.0, 0.4):
+        limit = max(smallest, int(table.top_bytes * fraction))
+        for r in (1, B):
+            x = cap.model.example(r, seed=r)
+            with torch.inference_mode():
+                expected = cap.model.module(x)
+            y, info = worker.infer(x, free=lambda: limit)
+            scale = float(expected.abs().max()) or 1.0
+            torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4 * scale)
+            for choice in info.choices:
+                assert choice.peak_bytes <= limit
+                steps, xr = choice.program.steps, x[:choice.batch]
+                measured = cpu_peaks([("run", lambda a: execute(cap, steps, a, choice.splits,
+                                                                choice.runs, worker.ort),
+                                       lambda: xr)])["run"]
+                # what torch sees is the walk's count without ONNX Runtime's inside, exactly
+                assert measured == executor_peak(profile.root, steps, choice.batch,
+                                                 splits=choice.splits, runs=choice.runs,
+                                                 inside=False), name
+                on_ort += sum(s.runtime == ORT for s in steps)
+    assert on_ort > 0, f"{name}: no step ran on ONNX Runtime"
+
+
+@pytest.mark.parametrize("spin", [False, True])
+def test_ort_spin_reaches_every_session_and_changes_no_output(spin: bool) -> None:
+    torch.manual_seed(0)
+    cap = capture(load_model(ModelSpec("mobilenet_v2", input_shape=SHAPES["mobilenet_v2"])))
+    profile = measure(cap, ProfileOptions(batch_max=B, repeats=1, warmup=0, runtime="auto"),
+                      progress=False)
+    worker = Worker(cap, build_table(profile, slot_count=64), MemoryProbe("cpu"), ort_spin=spin)
+    x = cap.model.example(B, seed=1)
+    with torch.inference_mode():
+        expected = cap.model.module(x)
+    y, _ = worker.infer(x)
+    torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4 * float(expected.abs().max()))
+    assert worker.ort is not None and worker.ort.sessions >= 1
+    for run in worker.ort._runs.values():
+        options = run.session.get_session_options()
+        assert options.get_session_config_entry("session.intra_op.allow_spinning") == str(int(spin))
+
+
+def test_sessions_beyond_the_bound_are_given_back_least_recently_used_first() -> None:
+    from planner.graph.runner import run_unit
+    from planner.runtimes.onnxrt import OrtUnits
+
+    torch.manual_seed(0)
+    cap = capture(load_model(ModelSpec("mobilenet_v2", input_shape=SHAPES["mobilenet_v2"])))
+    units = OrtUnits(cap, max_sessions=2)
+    layers = list(iter_layers(cap.tree))[:3]
+    inputs, x = [], cap.model.example(2, seed=0)
+    with torch.inference_mode():
+        for layer in layers:  # each unit's real input, and torch's output for it
+            inputs.append((x, run_unit(cap, layer, x)))
+            x = inputs[-1][1]
+
+        def run(i: int) -> torch.Tensor:
+            layer, (x, _) = layers[i], inputs[i]
+            return units.run(layer.name, layer.name, x.contiguous(), units.output(layer, x, 2))
+
+        for i in (0, 1, 0, 2):  # the second is the least recently used when the third comes
+            run(i)
+        names = [layer.name for layer in layers]
+        assert units.sessions == 2
+        assert set(units._runs) == {(names[0], names[0]), (names[2], names[2])}
+        got = run(1)  # given back, built again: the first is now the least recently used
+        assert set(units._runs) == {(names[1], names[1]), (names[2], names[2])}
+    torch.testing.assert_close(got, inputs[1][1], rtol=1e-4, atol=1e-4)
+
+
+def test_a_unit_onnx_cannot_take_runs_on_torch_and_the_profile_says_why() -> None:
+    worker, profile = _worker("tests.planner.factories:unexportable")
+    units = {layer.name: layer for layer in iter_layers(profile.root)}
+    odd = next(layer for name, layer in units.items() if "odd" in name)
+    assert "ONNX export failed" in dict(odd.unsupported)[ORT]
+    assert odd.runtime == ("torch",) * B and odd.measured(ORT) is None
+    others = [layer for layer in units.values() if layer is not odd]
+    assert others and all(layer.measured(ORT) is not None for layer in others)
+    # the block holding it cannot run whole on ONNX Runtime: its branch can't
+    block = next(n for n in iter_nodes(profile.root) if isinstance(n, Parallel)
+                 and odd in iter_layers(n))
+    assert not any(rt == ORT for rt, _ in block.runtimes)
+    plan = worker.table.lookup(B, worker.table.top_bytes)
+    assert {s.runtime for s in plan.program.steps if s.unit == odd.name} == {"torch"}
+    assert any(s.runtime == ORT for s in plan.program.steps)
+
+
+def test_runtimes_and_their_versions_are_part_of_the_fingerprint() -> None:
+    import onnxruntime
+
+    cap = capture(load_model(ModelSpec("tests.planner.factories:two_layer", input_shape=(3, 8, 8))))
+    prints = {rt: fingerprint(cap, ProfileOptions(batch_max=2, repeats=1, warmup=0, runtime=rt))
+              for rt in ("auto", "torch", "onnxruntime")}
+    assert len(set(prints.values())) == 3
+    profile = measure(cap, ProfileOptions(batch_max=2, repeats=1, warmup=0, runtime="auto"),
+                      progress=False)
+    assert profile.meta["runtimes"][ORT]["version"] == onnxruntime.__version__
+    assert profile.fingerprint == prints["auto"]
+
+
+@pytest.mark.parametrize("name, shape", [("mobilenet_v2", "3,96,96"),
+                                         ("tests.planner.factories:unexportable", "3,32,32")])
+def test_what_onnxruntime_holds_inside_its_calls_stays_within_the_claim(name: str,
+                                                                         shape: str) -> None:
+    """The resident memory a plan really takes, in a child process where every allocation of
+    a page or more is a mapping of its own (``rss_child``): never above the table's claim.
+    Runs the profiler measured whole are claimed as measured (close to the peak); other runs
+    by a bound built from their units, which errs high."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "4096", "MALLOC_TRIM_THRESHOLD_": "0",
+           "GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=4096:glibc.malloc.trim_threshold=0",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", "tests.workers.rss_child", name, shape, str(B)],
+                          capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert rows and any(row["onnxruntime"] for row in rows)
+    for row in rows:
+        assert row["claim"] <= row["limit"]
+        assert row["peak"] <= row["claim"], row  # to the page: no slack
