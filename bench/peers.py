@@ -2,7 +2,8 @@
 Triton, eager and with ONNX Runtime, one at a time.
 
     .venv-peers/bin/python bench/peers.py --model mobilenet_v2 [--clients 1,8] [--duration 20]
-        [--warmup 5] [--rounds 2] [--batch-sizes 1,8,16] [--only vbs,triton-ort-8] [--json OUT]
+        [--warmup 5] [--rounds 2] [--batch-sizes 1,8,16] [--only vbs,triton-ort-8]
+        [--protocol http|grpc] [--json OUT]
 
 Needs the optional extra, in a venv of its own (nvidia-pytriton pins numpy<2, which pip then
 picks): ``python3 -m venv .venv-peers && .venv-peers/bin/pip install torch==2.14.1
@@ -32,6 +33,11 @@ peer's largest batch, tried for each of ``--batch-sizes`` (the tuning):
   request in the Open Inference Protocol v2 with the binary tensor extension (a JSON header,
   then the sample's raw bytes), the answer in JSON. See ``bench/peers_triton.py``.
 - ``triton-torch-B``: the same Triton, its Python backend running eager torch.
+
+With ``--protocol grpc`` the same clients call the Open Inference Protocol's ``ModelInfer``
+over gRPC instead (``service.loadtest_grpc``: the sample as raw tensor bytes, as Triton's
+perf_analyzer sends it), on the servers that speak it: vbs-serve and Triton; Ray Serve and
+LitServe have no OIP gRPC endpoint and are left out.
 
 Rounds are interleaved (every configuration once per round) so the machine's drift shows.
 Prints a Markdown table (throughput, p50, p99, errors) per configuration, client count and
@@ -63,6 +69,7 @@ from peers_models import export_onnx, runner, torch_model  # noqa: E402 (bench/,
 # a configuration's name without its batch size -> the server and what runs the model
 FAMILIES = {"ray": ("ray", "torch"), "lit": ("lit", "torch"), "lit-ort": ("lit", "ort"),
             "triton-ort": ("triton", "ort"), "triton-torch": ("triton", "torch")}
+GRPC = {"vbs", "triton"}  # the servers that speak OIP v2 over gRPC
 
 
 def _port() -> int:
@@ -165,12 +172,12 @@ def serve_lit(model: str, port: int, batch: int, wait_s: float, threads: int, ru
                generate_client_file=False)
 
 
-def serve_triton(model: str, port: int, batch: int, wait_s: float, threads: int, runtime: str,
-                 onnx: str | None, spin: bool, shape: tuple[int, ...]) -> None:
-    """Triton on ``port`` (HTTP), its gRPC and metrics on free ports, all on 127.0.0.1."""
+def serve_triton(model: str, ports: tuple[int, int], batch: int, wait_s: float, threads: int,
+                 runtime: str, onnx: str | None, spin: bool, shape: tuple[int, ...]) -> None:
+    """Triton on ``ports`` (HTTP, gRPC), its metrics on a free port, all on 127.0.0.1."""
     from peers_triton import serve
 
-    serve(model, shape, runtime, (port, _port(), _port()), batch, wait_s, threads, onnx, spin)
+    serve(model, shape, runtime, (*ports, _port()), batch, wait_s, threads, onnx, spin)
 
 
 # -- the orchestration ---------------------------------------------------------------------
@@ -218,14 +225,17 @@ def _wait_answering(url: str, fmt: str, model: str, process: subprocess.Popen[by
     raise SystemExit(f"{url} did not answer within {timeout_s} s")
 
 
-def start(kind: str, args: argparse.Namespace, port: int) -> tuple[subprocess.Popen[bytes], str, str]:
-    """Start one server; (process, path to POST to, request format)."""
+def start(kind: str, args: argparse.Namespace, port: int, grpc_port: int
+          ) -> tuple[subprocess.Popen[bytes], str, str]:
+    """Start one server, its gRPC on ``grpc_port`` where it has one (0: off); (process, path to
+    POST to, request format)."""
     env = {**os.environ, "VBS_CACHE_DIR": args.cache_dir}
     if kind == "vbs":
         vbs = Path(sys.executable).with_name("vbs")
         process = subprocess.Popen(
-            [str(vbs), "serve", "--grpc-port", "0", "--model", args.model, "--store", args.store, "--batch-max",
-             str(args.batch_max), "--port", str(port), "--log-level", "warning"], env=env)
+            [str(vbs), "serve", "--grpc-port", str(grpc_port), "--model", args.model, "--store",
+             args.store, "--batch-max", str(args.batch_max), "--port", str(port),
+             "--log-level", "warning"], env=env)
         try:  # the first start plans the model: minutes on a busy machine
             _wait_ready(f"http://127.0.0.1:{port}/v2/health/ready", process, args.start_timeout)
         except SystemExit:  # not left running behind the bench
@@ -237,7 +247,7 @@ def start(kind: str, args: argparse.Namespace, port: int) -> tuple[subprocess.Po
     onnx = str(onnx_path(args)) if runtime == "ort" else ""
     process = subprocess.Popen(
         [sys.executable, __file__, f"serve-{peer}", "--model", args.model, "--port", str(port),
-         "--batch", str(batch), "--wait", str(wait), "--threads", str(args.threads),
+         "--grpc-port", str(grpc_port or _port()), "--batch", str(batch), "--wait", str(wait), "--threads", str(args.threads),
          "--runtime", runtime, "--onnx", onnx, "--shape", ",".join(map(str, args.shape)),
          *(["--spin"] if args.ort_spin else [])],
         env=env, start_new_session=True)
@@ -258,9 +268,11 @@ def parse_config(kind: str) -> tuple[str, str, int]:
     return (*FAMILIES[family], int(batch))
 
 
-def configs(sizes: list[int]) -> list[str]:
-    """Every configuration: vbs, then each peer and runtime at each batch size."""
-    return ["vbs", *[f"{family}-{b}" for family in FAMILIES for b in sizes]]
+def configs(sizes: list[int], protocol: str = "http") -> list[str]:
+    """Every configuration that speaks ``protocol``: vbs, then each peer and runtime at each
+    batch size."""
+    return ["vbs", *[f"{family}-{b}" for family, (peer, _) in FAMILIES.items() for b in sizes
+                     if protocol == "http" or peer in GRPC]]
 
 
 def onnx_path(args: argparse.Namespace) -> Path:
@@ -290,6 +302,7 @@ def main() -> None:
         p = sub.add_parser(f"serve-{peer}")
         p.add_argument("--model", required=True)
         p.add_argument("--port", type=int, required=True)
+        p.add_argument("--grpc-port", type=int, default=0, help="Triton's gRPC port")
         p.add_argument("--batch", type=int, required=True)
         p.add_argument("--wait", type=float, required=True)
         p.add_argument("--threads", type=int, default=0)
@@ -318,6 +331,8 @@ def main() -> None:
     ap.add_argument("--store", default=str(Path.home() / ".cache" / "vbs-serve" / "peers-store"))
     ap.add_argument("--only", help="comma-separated configurations (vbs, ray-8, lit-16, "
                                    "lit-ort-8, triton-ort-8, triton-torch-8, ...)")
+    ap.add_argument("--protocol", choices=["http", "grpc"], default="http",
+                    help="the load's protocol: HTTP, or OIP v2 gRPC (vbs and Triton only)")
     ap.add_argument("--json", help="write every result here")
     args = ap.parse_args()
     args.threads = args.threads or os.cpu_count() or 1
@@ -329,8 +344,9 @@ def main() -> None:
                   args.onnx or None, args.spin)
         return
     if args.command == "serve-triton":
-        serve_triton(args.model, args.port, args.batch, args.wait, args.threads, args.runtime,
-                     args.onnx or None, args.spin, tuple(int(d) for d in args.shape.split(",")))
+        serve_triton(args.model, (args.port, args.grpc_port), args.batch, args.wait,
+                     args.threads, args.runtime, args.onnx or None, args.spin,
+                     tuple(int(d) for d in args.shape.split(",")))
         return
     with tempfile.TemporaryDirectory(prefix="vbs-peers-") as work:
         args.work = work
@@ -340,14 +356,16 @@ def main() -> None:
 def bench(args: argparse.Namespace) -> None:
     """Every configuration, every round, every client count; the table and the summary."""
     from service.loadtest import run_loadtest
+    from service.loadtest_grpc import run_grpc_loadtest
 
     clients = [int(c) for c in args.clients.split(",")]
     sizes = [int(b) for b in args.batch_sizes.split(",")]
-    chosen = configs(sizes)
+    chosen = configs(sizes, args.protocol)
     if args.only:
         unknown = set(args.only.split(",")) - set(chosen)
         if unknown:
-            raise SystemExit(f"--only: {', '.join(sorted(unknown))} not among {', '.join(chosen)}")
+            raise SystemExit(f"--only: {', '.join(sorted(unknown))} not among {', '.join(chosen)}"
+                             f" (over {args.protocol})")
         chosen = [c for c in chosen if c in args.only.split(",")]
     shape = args.shape = tuple(int(d) for d in _model_shape(args.model))
     results: list[dict[str, Any]] = []
@@ -355,15 +373,18 @@ def bench(args: argparse.Namespace) -> None:
     print("|---|---|---|---|---|---|---|")
     for k in range(1, args.rounds + 1):
         for config in chosen:
-            port = _port()
+            port, grpc_port = _port(), _port() if args.protocol == "grpc" else 0
             try:
-                process, path, fmt = start(config, args, port)
+                process, path, fmt = start(config, args, port, grpc_port)
             except SystemExit as exc:  # one server that will not start does not end the bench
                 print(f"| {config} | - | {k} | did not start: {exc} | | | |", flush=True)
                 continue
             try:
                 for c in clients:
-                    summary = asyncio.run(run_loadtest(
+                    summary = asyncio.run(run_grpc_loadtest(
+                        f"127.0.0.1:{grpc_port}", args.model, clients=c,
+                        duration_s=args.duration, warmup_s=args.warmup)
+                        if grpc_port else run_loadtest(
                         f"http://127.0.0.1:{port}", args.model, clients=c,
                         duration_s=args.duration, warmup_s=args.warmup, fmt=fmt,
                         peer=None if config == "vbs" else (path, shape)))

@@ -2,14 +2,11 @@
 
 Every request passes Starlette's and FastAPI's layers before its handler: the server-error
 middleware, ours (the metrics), the exception middleware, FastAPI's exit stack, routing
-through every included router (FastAPI 0.165 matches each router's routes in turn), the
-route's request/response wrapper with its telemetry, body-limit and exception layers. For a
-route declared after ten others that is 80-100 us of the event loop per request on this
-project's 2-core CPU in process, warm; for ``POST /infer`` (the first route) 20 us warm, and
-about 0.15 ms measured between uvicorn calling the app and the handler starting in a served
-one-sample request, where the model has just evicted the interpreter's data from the caches
-(docs/benchmarks.md, section 5): a tenth of what the server spends outside the model for a
-one-sample request.
+through every included router (FastAPI matches each router's routes in turn), the route's
+request/response wrapper with its telemetry, body-limit and exception layers. That costs the
+event loop more per request the later a route is declared, and a one-sample request pays it
+while the model has just evicted the interpreter's data from the caches (what the request path
+costs: docs/benchmarks.md, section 5).
 
 So the routes built as ``LeanRoute`` (``service.deps``: they take the request and their str
 path parameters, no dependencies; here ``POST /infer`` and ``POST /v2/models/{name}/infer``)

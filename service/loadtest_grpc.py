@@ -4,7 +4,8 @@ The same clients, counts and report as over HTTP (``service.loadtest``), each cl
 ``ModelInfer`` with K random samples as raw tensor bytes (``raw_input_contents``, as Triton's
 perf_analyzer and tritonclient send them) as fast as answers come back, all over one HTTP/2
 channel. The breakdown comes from the answer's parameters, as over HTTP; "rest" is gRPC both
-ways. Errors are counted by status code name. Loopback targets only, as over HTTP.
+ways. Any OIP v2 gRPC server can be loaded (bench/peers.py loads Triton so); an answer without
+vbs-serve's timings counts for throughput and latency only. Errors are counted by status code name. Loopback targets only, as over HTTP.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ async def run_grpc_loadtest(target: str, model: str, *, clients: int, duration_s
             except grpc.aio.AioRpcError as exc:
                 raise RequestFailed(exc.code().name) from exc
             timing = parameters_of(answer.parameters)
+            if "batch" not in timing:  # another server's answer (Triton's) has no timings
+                return samples, None, None
             return samples, timing, int(timing["batch"])
 
         result = await closed_loop(send, clients=clients, duration_s=duration_s,

@@ -62,8 +62,8 @@ class TorchBackend:
                  ) -> torch.Tensor:
         ort = self._runtime(runtime)
         out = ort.output(nodes[-1], x, samples)
-        # views along the batch of the walk's chunks are contiguous (a channels-last model
-        # does not run on ONNX Runtime)
+        # views along the batch of the walk's chunks are contiguous, and a unit whose input
+        # is not dense in the model does not run on ONNX Runtime (planner.profiling.ort)
         return ort.run(nodes[0].name, nodes[-1].name, x.contiguous(), out)
 
     def run_in_place(self, unit: Layer, chunk: torch.Tensor, samples: int) -> torch.Tensor:

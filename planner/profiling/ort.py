@@ -1,7 +1,11 @@
 """Profiling ONNX Runtime beside torch: which units it takes, and what they cost in a run.
 
-A unit is ONNX Runtime's when its graph exported and its outputs equal torch's on real
-activations (at two batch sizes); a block, when its whole run does too.
+A unit is ONNX Runtime's when its graph exported, its outputs equal torch's on real
+activations (at two batch sizes) and its input and output are dense there: ONNX Runtime binds
+dense tensors only, so a channels-last input would need a copy before each call, and a dense
+output where the model has a channels-last one would give torch's next unit another layout
+than profiled (other kernels, other workspaces): memory the executor's walk does not count. A
+block, when its whole run does too.
 
 What a unit costs depends on the run it is in: ONNX Runtime fuses across units, keeps its
 blocked layout between them, and binds and dispatches once per call. So a unit's time is its
@@ -125,9 +129,13 @@ class OrtProfile:
             options.enable_profiling = True
             directory = tempfile.mkdtemp(prefix="vbs-ort-profile-")
             options.profile_file_prefix = f"{directory}/run"
-            session = onnxruntime.InferenceSession(
-                self.units.graphs.compose(run).SerializeToString(), options,
-                providers=providers(self.units.device))
+            try:
+                session = onnxruntime.InferenceSession(
+                    self.units.graphs.compose(run).SerializeToString(), options,
+                    providers=providers(self.units.device))
+            except BaseException:
+                shutil.rmtree(directory, ignore_errors=True)
+                raise
             owner = {n.name: n.name for node in run for n in iter_nodes(node)
                      if isinstance(n, (Layer, Parallel))}
             out.append(_Profiled(session, owner, directory))
@@ -267,10 +275,20 @@ def _check(capture: Capture, units: OrtUnits, graphs: UnitGraphs, x: torch.Tenso
         if why:
             unsupported[node.name] = why
 
+    def dense(node: Node, x: torch.Tensor, want: torch.Tensor) -> bool:
+        for what, t in (("input", x), ("output", want)):
+            if not t.is_contiguous() and node.name not in unsupported:
+                unsupported[node.name] = (
+                    f"its {what} is not dense in the model (strides {tuple(t.stride())}: "
+                    "channels-last or a view); ONNX Runtime takes and gives dense tensors "
+                    "only, and a copy, or torch's next unit meeting another layout than "
+                    "profiled, would be memory the plan does not count")
+        return node.name not in unsupported
+
     def visit(node: Node, x: torch.Tensor) -> torch.Tensor:
         if isinstance(node, Layer):
             want = run_unit(capture, node, x)
-            if node.name not in unsupported:
+            if dense(node, x, want):
                 compare(node, x, want)
             return want
         if isinstance(node, Series):
@@ -281,7 +299,7 @@ def _check(capture: Capture, units: OrtUnits, graphs: UnitGraphs, x: torch.Tenso
             visit(branch, x)
         want = run_node(capture, node, x)
         inside_ok = all(n.name not in unsupported for n in iter_nodes(node))
-        if inside_ok and not graphs.reason(node):
+        if dense(node, x, want) and inside_ok and not graphs.reason(node):
             compare(node, x, want)
         return want
 

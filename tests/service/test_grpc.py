@@ -333,6 +333,49 @@ def test_loadtest_over_grpc(served: Served, monkeypatch: pytest.MonkeyPatch,
     assert check_target("grpc://[::1]:8001") == "[::1]:8001"
 
 
+class _PlainPeer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    """Another OIP v2 server, as Triton answers: metadata, and outputs without timings."""
+
+    def __init__(self, calls: list[int]) -> None:
+        self.calls = calls
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        answer = service_pb2.ModelMetadataResponse(name=request.name, platform="peer")
+        answer.inputs.add(name="x", datatype="FP32", shape=[-1, 3, 4])
+        return answer
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        samples = int(request.inputs[0].shape[0])
+        assert len(request.raw_input_contents[0]) == samples * 3 * 4 * 4
+        self.calls.append(samples)
+        answer = service_pb2.ModelInferResponse(model_name=request.model_name)
+        answer.outputs.add(name="y", datatype="FP32", shape=[samples, 2])
+        answer.raw_output_contents.append(bytes(samples * 2 * 4))
+        return answer
+
+
+def test_loadtest_over_grpc_loads_another_servers_oip() -> None:
+    """bench/peers.py loads Triton so: answers without vbs-serve's timings count for throughput
+    and latency, with no breakdown and no error."""
+    calls: list[int] = []
+
+    async def main() -> dict[str, Any]:
+        server = grpc.aio.server()
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(_PlainPeer(calls), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            return await run_grpc_loadtest(f"127.0.0.1:{port}", "peer", clients=2,
+                                           duration_s=0.3, samples=3)
+        finally:
+            await server.stop(None)
+
+    summary = asyncio.run(main())
+    assert summary["ok"] > 0 and summary["errors"] == 0 and set(calls) == {3}
+    assert summary["latency_p50_s"] > 0 and summary["requests_by_batch_size"] == {}
+    assert all(v is None for v in summary["breakdown_p50_s"].values())
+
+
 # ------------------------------------------------------------------------------- settings, CLI
 def test_the_grpc_port_is_a_setting_and_a_documented_flag(capsys: pytest.CaptureFixture[str]
                                                           ) -> None:

@@ -35,7 +35,7 @@ def main(name: str, shape: tuple[int, ...], batch_max: int) -> None:
     torch.manual_seed(0)
     cap = capture(load_model(ModelSpec(name, input_shape=shape)))
     profile = measure(cap, ProfileOptions(batch_max=batch_max, repeats=1, warmup=0,
-                                          runtime="auto"), progress=False)
+                                          runtime="onnxruntime"), progress=False)
     table = build_table(profile, slot_count=64)
     ort = OrtUnits(cap, arena=False)
     for fraction in (1.0, 0.5, 0.25):

@@ -3,8 +3,10 @@ the walk counts, and what ONNX Runtime holds inside its calls stays within the t
 
 Named models of every structure the planner meets (add, concatenation and multiplication
 joins, opaque dense blocks, channel shuffles, 3-D convolutions, layer norms) and small ones it
-has never seen, each profiled with ``--runtime auto`` (torch and ONNX Runtime measured, the
-faster per step), planned, and run by a Worker at several memory limits and request sizes.
+has never seen, each profiled with ``--runtime onnxruntime`` (every unit it takes on it, so
+there are steps to check whichever runtime this machine measures faster) and some with
+``auto`` (the faster per step), planned, and run by a Worker at several memory limits and
+request sizes. Which runtime is faster is a benchmark's question, never asserted here.
 """
 
 from __future__ import annotations
@@ -40,20 +42,26 @@ SHAPES = {
 B = 4
 
 
-def _worker(name: str) -> tuple[Worker, Profile]:
+def _worker(name: str, runtime: str = ORT) -> tuple[Worker, Profile]:
+    """A worker on ``name``'s table. ``--runtime onnxruntime`` (the default here) puts every
+    unit ONNX Runtime takes on it whatever it measured, so the plans have ONNX Runtime steps on
+    any machine; ``auto`` lets the measured times choose."""
     torch.manual_seed(0)
     cap = capture(load_model(ModelSpec(name, input_shape=SHAPES[name])))
-    profile = measure(cap, ProfileOptions(batch_max=B, repeats=1, warmup=0, runtime="auto"),
+    profile = measure(cap, ProfileOptions(batch_max=B, repeats=1, warmup=0, runtime=runtime),
                       progress=False)
     return Worker(cap, build_table(profile, slot_count=64), MemoryProbe("cpu")), profile
 
 
-@pytest.mark.parametrize("name", list(SHAPES))
-def test_onnxruntime_plans_equal_the_model_and_allocate_what_the_walk_counts(name: str) -> None:
-    worker, profile = _worker(name)
+@pytest.mark.parametrize("name, runtime", [(name, ORT) for name in SHAPES] +
+                         [("mobilenet_v2", "auto"), ("googlenet", "auto")])
+def test_onnxruntime_plans_equal_the_model_and_allocate_what_the_walk_counts(name: str,
+                                                                            runtime: str) -> None:
+    worker, profile = _worker(name, runtime)
     cap, table = worker.capture, worker.table
     assert table.runtimes == ("torch", ORT)
-    assert worker.ort is not None and worker.ort.sessions >= 1  # the top plans' sessions
+    if runtime == ORT:
+        assert worker.ort is not None and worker.ort.sessions >= 1  # the top plans' sessions
     smallest = int(table.min_peaks[0])
     on_ort = 0
     for fraction in (1.0, 0.4):
@@ -76,14 +84,25 @@ def test_onnxruntime_plans_equal_the_model_and_allocate_what_the_walk_counts(nam
                                                  splits=choice.splits, runs=choice.runs,
                                                  inside=False), name
                 on_ort += sum(s.runtime == ORT for s in steps)
-    assert on_ort > 0, f"{name}: no step ran on ONNX Runtime"
+    assert on_ort > 0 or runtime != ORT, f"{name}: no step ran on ONNX Runtime"
+    # every plan of the largest request, not only those picked above: which ones the limits
+    # pick depends on the times measured, and a layout the model does not give (a dense ONNX
+    # Runtime output where torch's next unit had channels-last) shows only in some of them
+    x = cap.model.example(B, seed=B)
+    for _, plan in table.plans_for(B):
+        steps = plan.program.steps
+        measured = cpu_peaks([("run", lambda a: execute(cap, steps, a, plan.split_map,
+                                                        plan.run_map, worker.ort),
+                               lambda: x)])["run"]
+        assert measured == executor_peak(profile.root, steps, B, splits=plan.split_map,
+                                         runs=plan.run_map, inside=False), (name, plan.plan_id)
 
 
 @pytest.mark.parametrize("spin", [False, True])
 def test_ort_spin_reaches_every_session_and_changes_no_output(spin: bool) -> None:
     torch.manual_seed(0)
     cap = capture(load_model(ModelSpec("mobilenet_v2", input_shape=SHAPES["mobilenet_v2"])))
-    profile = measure(cap, ProfileOptions(batch_max=B, repeats=1, warmup=0, runtime="auto"),
+    profile = measure(cap, ProfileOptions(batch_max=B, repeats=1, warmup=0, runtime=ORT),
                       progress=False)
     worker = Worker(cap, build_table(profile, slot_count=64), MemoryProbe("cpu"), ort_spin=spin)
     x = cap.model.example(B, seed=1)
