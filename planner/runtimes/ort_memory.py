@@ -32,11 +32,12 @@ from planner.errors import ProfileError
 
 MARGIN = 1 / 8
 SLACK = 256 * 1024
-_ENV = {"MALLOC_MMAP_THRESHOLD_": "4096", "MALLOC_TRIM_THRESHOLD_": "0",
-        "GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=4096:glibc.malloc.trim_threshold=0"}
+# glibc: every allocation of a page or more its own mapping, returned to the system when freed
+ENV = {"MALLOC_MMAP_THRESHOLD_": "4096", "MALLOC_TRIM_THRESHOLD_": "0",
+       "GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=4096:glibc.malloc.trim_threshold=0"}
 
 
-def _status(key: str) -> int:
+def status_bytes(key: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(key + ":"):
@@ -44,7 +45,7 @@ def _status(key: str) -> int:
     raise ProfileError(f"/proc/self/status has no {key}: cannot measure ONNX Runtime's memory")
 
 
-def _reset_peak() -> None:
+def reset_peak() -> None:
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
 
@@ -73,10 +74,10 @@ def _child(job_path: str) -> None:
             session.run_with_iobinding(binding)  # first-run allocations are not the unit's need
             peak = 0
             for _ in range(job["repeats"]):
-                base = _status("VmRSS")
-                _reset_peak()
+                base = status_bytes("VmRSS")
+                reset_peak()
                 session.run_with_iobinding(binding)
-                peak = max(peak, _status("VmHWM") - base)
+                peak = max(peak, status_bytes("VmHWM") - base)
             peaks[str(b)] = peak + int(peak * MARGIN) + SLACK
         out[unit["name"]] = peaks
         del session
@@ -100,7 +101,7 @@ def measure_workspaces(units: Iterable[tuple[str, bytes, tuple[int, ...], tuple[
         job.write_text(json.dumps({"units": job_units, "batches": batches, "dtype": dtype,
                                    "threads": threads, "repeats": repeats}))
         done = subprocess.run([sys.executable, "-m", "planner.runtimes.ort_memory", str(job)],
-                              capture_output=True, text=True, env={**os.environ, **_ENV})
+                              capture_output=True, text=True, env={**os.environ, **ENV})
     if done.returncode != 0:
         tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
         raise ProfileError(f"measuring ONNX Runtime's workspaces failed: {tail[0]}")

@@ -22,13 +22,9 @@ from planner.graph.capture import capture
 from planner.models import ModelSpec, load_model
 from planner.profiling.profiler import ProfileOptions, measure
 from planner.runtimes.onnxrt import OrtUnits
+from planner.runtimes.ort_memory import reset_peak, status_bytes
 from planner.solver.table import build_table
 from workers.executor import execute
-
-
-def _status(key: str) -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
 
 
 def main(name: str, shape: tuple[int, ...], batch_max: int) -> None:
@@ -47,11 +43,10 @@ def main(name: str, shape: tuple[int, ...], batch_max: int) -> None:
             run = (lambda: execute(cap, plan.program.steps, x, plan.split_map, plan.run_map, ort))
             run(), run()  # sessions built, first-call allocations made
             gc.collect()
-            base = _status("VmRSS")
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
+            base = status_bytes("VmRSS")
+            reset_peak()
             y = run()
-            peak = _status("VmHWM") - base
+            peak = status_bytes("VmHWM") - base
             del y
             print(json.dumps({"batch": fit, "limit": limit, "claim": plan.executor_peak_bytes,
                               "peak": peak, "runs": len(plan.runs),

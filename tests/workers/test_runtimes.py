@@ -24,6 +24,7 @@ from planner.graph.capture import capture
 from planner.models import ModelSpec, load_model
 from planner.profiling.measure import cpu_peaks
 from planner.profiling.profiler import ProfileOptions, fingerprint, measure
+from planner.runtimes.ort_memory import ENV
 from planner.solver.layout import executor_peak
 from planner.solver.table import build_table
 from planner.tree import Parallel, Profile, iter_layers, iter_nodes
@@ -182,8 +183,7 @@ def test_what_onnxruntime_holds_inside_its_calls_stays_within_the_claim(name: st
     a page or more is a mapping of its own (``rss_child``): never above the table's claim.
     Runs the profiler measured whole are claimed as measured (close to the peak); other runs
     by a bound built from their units, which errs high."""
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "4096", "MALLOC_TRIM_THRESHOLD_": "0",
-           "GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=4096:glibc.malloc.trim_threshold=0",
+    env = {**os.environ, **ENV,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-m", "tests.workers.rss_child", name, shape, str(B)],
                           capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
