@@ -4,8 +4,10 @@
               [--solver vbs|paper|fbs|greedy] [--objective time|energy] [--json]
 
 With ``--json`` it prints one JSON object: ``feasible``, ``time_total``, ``time_per_sample``,
-``peak_bytes``, ``program`` (a list of ``{"unit", "samples"}``), ``solver``,
-``memory_budget``, ``slot_bytes`` (and ``objective``, ``cost``, ``plan_id``). When nothing
+``peak_bytes``, ``program`` (a list of ``{"unit", "samples"}``, each naming its ``runtime``
+where the profile measured several), ``solver``, ``memory_budget``, ``slot_bytes`` (and
+``objective``, ``cost``, ``plan_id``, and ``runs`` with ``calls`` where steps run as runtime
+calls: ``time_total`` prices every call, as the executor pays it). When nothing
 fits, ``feasible`` is false, the plan fields are null, ``reason`` says what is missing, and
 the exit code is still 0. Bad input raises UsageError or ProfileError (exit code 2 from
 ``vbs``). Without ``--json`` it prints a readable table: per unit the batch size of each of
@@ -23,6 +25,7 @@ from planner.cli import _positive
 from planner.errors import InfeasibleError, UsageError, VbsError
 from planner.solver.memory import check_slot_bytes, format_bytes, parse_bytes
 from planner.solver.model import OBJECTIVES, build_instance
+from planner.solver.runs import plan_shape
 from planner.solver.simulate import simulate
 from planner.solver.solve import SOLVERS, default_slot_bytes, solve
 from planner.tree import load_profile
@@ -71,12 +74,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(plan.to_json()))
         return 0
-    sim = simulate(inst, plan.program, args.batch, memory, slot_bytes=slot)
+    sim = simulate(inst, plan.program, args.batch, memory, slot_bytes=slot, runs=plan.runs)
     print(f"{plan.solver} plan: {plan.batch} samples in {format_bytes(plan.budget_bytes)} "
           f"({plan.budget_bytes} bytes; slots of {slot} bytes), objective {plan.objective}")
     print(f"time {plan.time_total:.6g} s total, {plan.time_per_sample:.6g} s per sample; "
           f"peak {format_bytes(plan.peak_bytes)} ({plan.peak_bytes} bytes); "
-          f"{len(plan.program)} steps; plan {plan.plan_id}")
+          f"{len(plan.program)} steps, {plan.calls} runtime calls; plan {plan.plan_id}")
+    print(f"runs: {plan_shape(plan.program.steps, plan.runs)}")
     width = max(len(u.name) for u in sim.units)
     print(f"{'unit':<{width}}  {'unused (min)':>12}  batch of each step")
     for u in sim.units:

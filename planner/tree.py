@@ -70,7 +70,10 @@ class Layer:
     runtime: tuple[str, ...] = ()  # per b: the runtime ``time`` and ``ws`` are of
 
     def measured(self, runtime: str) -> Measured | None:
-        return dict(self.runtimes).get(runtime)
+        for name, figures in self.runtimes:
+            if name == runtime:
+                return figures
+        return None
 
     def runtime_at(self, b: int) -> str:
         """The runtime ``time``/``ws`` are of at b samples ('' when the profile names none)."""
@@ -108,7 +111,10 @@ class Parallel:
     unsupported: tuple[tuple[str, str], ...] = ()  # (runtime, why it cannot run the block whole)
 
     def measured(self, runtime: str) -> Measured | None:
-        return dict(self.runtimes).get(runtime)
+        for name, figures in self.runtimes:
+            if name == runtime:
+                return figures
+        return None
 
 
 Node = Union[Layer, Series, Parallel]

@@ -39,6 +39,7 @@ from planner.solver.compare import BASELINE, STRATEGIES, budget_range
 from planner.solver.layout import executor_peak
 from planner.solver.memory import format_bytes, parse_budgets
 from planner.solver.program import Plan
+from planner.solver.runs import plan_shape
 from planner.solver.table import PlanTable, build_tables
 from planner.tree import Profile, iter_layers
 from workers.executor import execute
@@ -65,6 +66,9 @@ class Row:
     gain_over_fbs: float | None = None
     plan_id: str | None = None
     runtimes: list[str] | None = None  # the unit runtimes its steps ran on
+    calls: int | None = None  # runtime calls its runs make
+    uniform_batch: int | None = None  # fbs and fbs-best: the uniform batch that ran
+    shape: str | None = None  # what each call and step runs (planner.solver.runs.plan_shape)
     reason: str = ""
 
 
@@ -131,6 +135,10 @@ def run_bench(capture: Capture, profile: Profile, tables: dict[str, PlanTable], 
             row.feasible = True
             row.plan_id = plan.plan_id
             row.runtimes = sorted({s.runtime or TORCH for s in plan.program.steps})
+            row.calls = plan.calls
+            row.shape = plan_shape(plan.program.steps, plan.runs, limit=12)
+            if strategy in ("fbs", BASELINE):
+                row.uniform_batch = plan.program.steps[0].samples
             row.time_per_sample_predicted = plan.time_per_sample
             row.peak_bytes_claimed = plan.executor_peak_bytes
             row.peak_bytes_model = plan.peak_bytes
@@ -213,6 +221,14 @@ def render(rows: list[Row], summary: dict[str, Any]) -> str:
             f"{format_bytes(row.peak_bytes_claimed):>11} {row.max_abs_error:>9.2e} "
             f"{(f'{row.gain_over_fbs_best:.2f}x' if row.gain_over_fbs_best else '-'):>11} "
             f"{(f'{row.gain_over_fbs:.2f}x' if row.gain_over_fbs else '-'):>7}")
+    lines.append("the plans that ran (fbs-best: its uniform batch; vbs: what each call runs, "
+                 "first..last unit: batch sizes)")
+    for budget in sorted({row.memory_budget for row in rows}):
+        here = {row.strategy: row for row in rows if row.memory_budget == budget and row.feasible}
+        best, vbs = here.get(BASELINE), here.get("vbs")
+        lines.append(f"{format_bytes(budget):>10} {BASELINE} "
+                     f"{best.uniform_batch if best else '-'} ({best.calls if best else 0} calls); "
+                     f"vbs ({vbs.calls if vbs else 0} calls) {vbs.shape if vbs else '-'}")
     lines.append(f"plain model(x): {summary['plain_model_time_per_sample'] * 1e3:.2f} ms/sample; executor at "
                  f"uniform batch: {summary['uniform_plan_time_per_sample'] * 1e3:.2f} ms/sample "
                  f"(overhead {100 * summary['executor_overhead']:+.1f}%)")
@@ -284,18 +300,23 @@ def markdown(data: dict[str, Any]) -> str:
     strategies = [st for st in STRATEGIES if any(r["strategy"] == st for r in rows)]
     out = [f"#### {s['model']} (r = {s['batch']}, {s['repeat']} interleaved rounds)", "",
            "| budget (MiB) | " + " | ".join(f"{st} measured / predicted (ms)" for st in strategies)
-           + f" | vbs vs {BASELINE} | vbs vs fbs | vbs peak: measured = walk's (claimed) (MiB) |",
-           "|---" * (len(strategies) + 4) + "|"]
+           + f" | {BASELINE} batch | vbs calls | vbs vs {BASELINE} | vbs vs fbs "
+             "| vbs peak: measured = walk's (claimed) (MiB) |",
+           "|---" * (len(strategies) + 6) + "|"]
+    shapes = []
     for budget in sorted({r["memory_budget"] for r in rows}):
-        cells, vbs = [], None
+        cells, vbs, best = [], None, None
         for st in strategies:
             r = next(x for x in rows if x["memory_budget"] == budget and x["strategy"] == st)
             if not r["feasible"]:
                 cells.append("infeasible")
                 continue
-            cells.append(f"{r['time_per_sample_measured'] * 1e3:.1f} / "
-                         f"{r['time_per_sample_predicted'] * 1e3:.1f}")
+            cells.append(f"{r['time_per_sample_measured'] * 1e3:.2f} / "
+                         f"{r['time_per_sample_predicted'] * 1e3:.2f}")
             vbs = r if st == "vbs" else vbs
+            best = r if st == BASELINE else best
+        if vbs and vbs.get("shape"):
+            shapes.append(f"- {budget / 2**20:.1f} MiB: {vbs['shape']}")
 
         def gain(key: str) -> str:
             return f"{vbs[key]:.2f}x" if vbs and vbs.get(key) else "—"
@@ -304,6 +325,7 @@ def markdown(data: dict[str, Any]) -> str:
                 f"{vbs['peak_bytes_predicted'] / 2**20:.2f} ({vbs['peak_bytes_claimed'] / 2**20:.2f})"
                 if vbs else "—")
         out.append(f"| {budget / 2**20:.1f} | " + " | ".join(cells) +
+                   f" | {(best or {}).get('uniform_batch') or '—'} | {(vbs or {}).get('calls') or '—'}"
                    f" | {gain('gain_over_fbs_best')} | {gain('gain_over_fbs')} | {peak} |")
     out += ["", f"Plain `model(x)` {s['plain_model_time_per_sample'] * 1e3:.1f} ms/sample; the executor "
             f"at a uniform batch of {s['batch']} {s['uniform_plan_time_per_sample'] * 1e3:.1f} ms/sample "
@@ -313,6 +335,8 @@ def markdown(data: dict[str, Any]) -> str:
             f"claim, which adds what ONNX Runtime holds inside its calls, = measured in "
             f"{s['claimed_equals_measured']}; the DP's own figure {s['model_peak_mape']:.1f}%); "
             f"runs over budget: {s['budget_exceeded']}.", ""]
+    if shapes:
+        out += ["The vbs plans (what each call runs, first..last unit: batch sizes):", "", *shapes, ""]
     return "\n".join(out)
 
 

@@ -49,8 +49,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--batch", type=_positive, required=True, help="request size")
     p.add_argument("--memory", default="auto",
                    help="budgets: START:STOP:STEP (15MB:40MB:5MB), a list (10MB,20MB) or auto[:N] "
-                        "(N budgets from where fbs-best runs one sample at a time to where fbs "
-                        "runs the request at once)")
+                        "(N budgets, default 10, from where fbs-best runs one sample at a time "
+                        "to where fbs runs the request at once, denser at the bottom)")
     p.add_argument("--batch-max", type=_positive, help="profile up to this batch (default: --batch)")
     p.add_argument("--repeat", type=_positive, default=5, help="interleaved rounds (default 5)")
     p.add_argument("--out", help="write CSV, JSON and PNG plots here")

@@ -12,10 +12,11 @@ blocked layout between them, and binds and dispatches once per call. So a unit's
 share of the longest run the model allows: its kernels' time in ONNX Runtime's own profiler
 (every node is named after its unit), scaled so that the run's units and its call add up to
 what the run measured. A call costs, beyond its units, ``call_s + byte_s * (bytes in + bytes
-out)``: the fixed cost and the reordering of its input and output. Those two are fitted per batch size (least squares, both >= 0) to what
-every unit costs called alone, over its time inside the run (``fit_call``). A run of one unit
-then costs what it measured alone, and the whole network what it measured as one call, both
-within the fit.
+out)``: the fixed cost and the reordering of its input and output, which is what cutting a
+run costs the plans that cut it. Those two are fitted once (least squares, both >= 0) to what
+every unit costs called alone over its time inside the run, at every batch size
+(``fit_call``). A run of one unit then costs what it measured alone, and the whole network
+what it measured as one call, both within the fit.
 """
 
 from __future__ import annotations
@@ -202,15 +203,15 @@ def kernel_times(profiled: Sequence[_Profiled]) -> dict[str, dict[int, list[floa
     return out
 
 
-def fit_call(alone: dict[str, float], inside: dict[str, float], io_bytes: dict[str, int]
-             ) -> tuple[float, float]:
-    """(call_s, byte_s) >= 0 that best explain each unit's cost called alone over its time
-    inside a run: ``alone - inside ~ call_s + byte_s * io_bytes`` (least squares)."""
-    names = [n for n in alone if n in inside and n in io_bytes]
-    if not names:
+def fit_call(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(call_s, byte_s) >= 0 that best explain what units cost called alone over their time
+    inside a run, ``alone - inside ~ call_s + byte_s * io_bytes``, by least squares over
+    ``points`` of (io_bytes, alone - inside): every unit at every batch size measured, so
+    that one noisy batch size does not give its own calls another price."""
+    if not points:
         return 0.0, 0.0
-    y = np.array([alone[n] - inside[n] for n in names])
-    a = np.array([float(io_bytes[n]) for n in names])
+    y = np.array([extra for _, extra in points])
+    a = np.array([float(io) for io, _ in points])
     best = (max(0.0, float(y.mean())), 0.0)
     if float(a.var()) > 0:
         slope, intercept = np.polyfit(a, y, 1)

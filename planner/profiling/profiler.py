@@ -81,7 +81,7 @@ def device_name(device: torch.device) -> str:
 
 # How ONNX Runtime is profiled (which units it takes, how its workspace is bounded): a change
 # here changes profiles without changing any version above, so it re-measures cached ones.
-ORT_METHOD = 2
+ORT_METHOD = 3
 
 
 def fingerprint(capture: Capture, options: ProfileOptions) -> str:
@@ -175,13 +175,12 @@ def _ort_figures(ort: Any, profiled: list[Any], figures: dict[str, _Figures],
     io = {n.name: n.in_bytes + n.out_bytes for n in iter_layers(ort.units.capture.tree)}
     run_s = {b: [statistics.median(col[k] for col in run_samples[b]) for k in range(len(ort.runs))]
              for b in grid} if run_samples else {}
-    call: dict[int, float] = {}
-    per_byte: dict[int, float] = {}
+    fitted = ort_profiling.fit_call([
+        (io[name] * b, mine.times[name][b] - inside[name][b]) for b in grid for name in io
+        if name not in ort.unsupported and b in inside.get(name, {})])
+    call = {b: fitted[0] for b in grid}
+    per_byte = {b: fitted[1] for b in grid}
     for b in grid:
-        alone = {name: mine.times[name][b] for name in io
-                 if name not in ort.unsupported and name in inside}
-        call[b], per_byte[b] = ort_profiling.fit_call(
-            alone, {n: inside[n][b] for n in alone}, {n: io[n] * b for n in alone})
         # kernels are not the whole of a run (dispatch, waits between nodes): scale each run's
         # nodes so that, with its call's cost, the run costs what it measured
         for k, run in enumerate(ort.runs if run_s else ()):

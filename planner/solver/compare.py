@@ -20,6 +20,7 @@ import numpy as np
 from planner.errors import InfeasibleError
 from planner.solver.memory import format_bytes
 from planner.solver.program import Plan
+from planner.solver.runs import plan_shape
 from planner.solver.table import PlanTable
 
 STRATEGIES = ("vbs", "paper", "greedy", "fbs", "fbs-best")
@@ -164,6 +165,8 @@ def render(cmp: Comparison, title: str = "", detail: tuple[str, ...] = ("vbs", B
                      f"{(f'{gain:.2f}x' if gain else '-'):>8}  {o.plan.plan_id}{runs}")
     shown = [cmp.outcome(s) for s in detail if any(o.solver == s for o in cmp.outcomes)]
     shown = [o for o in shown if o.plan]
+    for o in shown:
+        lines.append(f"{o.solver} runs: {plan_shape(o.plan.program.steps, o.plan.runs)}")
     if not shown:
         return "\n".join(lines)
     names = [u.name for u in shown[0].units]

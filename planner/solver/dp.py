@@ -7,9 +7,13 @@ walk from the root into branches without Python in the loop.
 
 Memory accounting in slots (docs/architecture.md): a layer step needs
 ``slots_up(in*b + ws(b) + out*b)``; a block phase reserves ``slots_up((in+out)*b)`` for the
-fork and the join and gives its branches the rest; waiting inputs and arrived outputs of a
-phase split are ``slots_up(size*count)`` each. Every piece is rounded up, so the exact bytes
-of a plan chosen within m slots never exceed ``m * slot_bytes``.
+fork and the join and gives its branches the rest; a run needs ``slots_up(run_need)``
+(``planner.solver.runs``); waiting inputs and arrived outputs of a phase split are
+``slots_up(size*count)`` each. Every piece is rounded up, so the exact bytes of a plan chosen
+within m slots never exceed ``m * slot_bytes``.
+
+A plan is read out as records (a unit's step, or a span of units run as one call) and
+expanded here into the program's steps, each naming its runtime, and its runs.
 """
 
 from __future__ import annotations
@@ -18,10 +22,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner import runtimes as rt
 from planner.errors import PlanError, UsageError
 from planner.solver import kernel
 from planner.solver.memory import slots_up
-from planner.solver.model import Chain, Instance
+from planner.solver.model import Chain, Instance, Unit
 
 MODES = {"vbs": kernel.MODE_VBS, "paper": kernel.MODE_PAPER}
 MAX_SLOTS = 1 << 16  # beyond this the memory axis is too fine to be useful: use larger slots
@@ -33,9 +38,11 @@ class RawPlan:
 
     units: np.ndarray     # int64 global unit index per step
     samples: np.ndarray   # int64 samples per step
-    needs: np.ndarray     # int64 exact bytes needed by each step
+    needs: np.ndarray     # int64 exact bytes needed by each step (a run's steps: the run's)
     peak: int
     cost: float           # the DP's value of OPT[root, r, m]
+    runtimes: tuple[str, ...] = ()  # per step ('' throughout for a profile that names none)
+    runs: tuple[tuple[int, int], ...] = ()  # (first step, last step) of each runtime call
 
 
 class ChainTables:
@@ -81,7 +88,8 @@ class ChainTables:
             bsz += (ch.n + 1) * B1
             ssz += ch.n + 1
         self.T = np.full(tsz, np.inf)
-        self.E = np.full(esz, np.inf)
+        self.E = np.full(esz, np.inf)   # each unit at exactly b: the executor's own step
+        self.EX = np.full(esz, np.inf)  # ... or its own call of a runtime, what the DP uses
         self.bslots = np.zeros(bsz, np.int64)
         self.sizes = np.zeros(ssz, np.int64)
         self.unit_block = np.zeros(U, np.bool_)
@@ -106,6 +114,24 @@ class ChainTables:
                     self.unit_bcnt[g] = len(u.branches)
                     branch_chain.extend(b.cid for b in u.branches)
         self.branch_chain = np.array(branch_chain + [0], np.int64)
+        # runs: cost, slots and exact bytes per (interval, b); RN = M + 1 where there is none
+        self.chain_roff = np.zeros(len(chains), np.int64)
+        rsz = 0
+        for ch in chains:
+            self.chain_roff[ch.cid] = rsz
+            rsz += ntri[ch.cid] * B1
+        self.RC = np.full(rsz, np.inf)
+        self.RN = np.full(rsz, M1, np.int64)
+        self.RB = np.zeros(rsz, np.int64)
+        for ch in chains:
+            if ch.runs is None:
+                continue
+            for (i, j), (cost, need) in ch.runs.spans.items():
+                at = int(self.chain_roff[ch.cid]) + kernel.tri(ch.n, i, j) * B1
+                for b in range(1, B1):
+                    self.RC[at + b] = cost[b - 1]
+                    self.RB[at + b] = need[b - 1]
+                    self.RN[at + b] = min(slots_up(need[b - 1], slot_bytes), M1)
 
         for ch in order:
             self._solve_chain(ch)
@@ -119,11 +145,13 @@ class ChainTables:
         size = n * (n + 1) // 2 * (self.B + 1) * (self.M + 1)
         return self.T[o:o + size].reshape(n * (n + 1) // 2, self.B + 1, self.M + 1)
 
-    def exact(self, cid: int) -> np.ndarray:
-        """The (n, B+1, M+1) view of chain ``cid``'s E: each unit at exactly b samples."""
+    def exact(self, cid: int, *, calls: bool = False) -> np.ndarray:
+        """The (n, B+1, M+1) view of chain ``cid``'s E: each unit at exactly b samples, as a
+        step of the executor's own (``calls``: or a call of a runtime, whichever is cheaper)."""
         n = int(self.chain_n[cid])
         o = int(self.chain_eoff[cid])
-        return self.E[o:o + n * (self.B + 1) * (self.M + 1)].reshape(n, self.B + 1, self.M + 1)
+        flat = self.EX if calls else self.E
+        return flat[o:o + n * (self.B + 1) * (self.M + 1)].reshape(n, self.B + 1, self.M + 1)
 
     def top(self, cid: int = 0) -> np.ndarray:
         """(B+1, M+1): OPT of the whole chain ``cid``; row 0 is 0 (nothing to do)."""
@@ -155,7 +183,11 @@ class ChainTables:
                 kernel.block_exact(F, fold, self.unit_base[g], E[pos])
                 E[pos, 0] = np.inf
         bs = self.bslots[int(self.chain_boff[ch.cid]):int(self.chain_boff[ch.cid]) + (ch.n + 1) * B1]
-        kernel.chain_dp(E, bs.reshape(ch.n + 1, B1), MODES[self.mode], self.table(ch.cid))
+        ro, rn = int(self.chain_roff[ch.cid]), ch.n * (ch.n + 1) // 2 * B1
+        RC, RN = self.RC[ro:ro + rn].reshape(-1, B1), self.RN[ro:ro + rn].reshape(-1, B1)
+        EX = self.exact(ch.cid, calls=True)
+        kernel.exact_with_runs(E, RC, RN, ch.n, EX)
+        kernel.chain_dp(EX, bs.reshape(ch.n + 1, B1), MODES[self.mode], self.table(ch.cid), RC, RN)
 
     # ------------------------------------------------------------------ reading plans
 
@@ -164,21 +196,66 @@ class ChainTables:
         if not 1 <= r <= self.B or not 0 <= m <= self.M:
             raise UsageError(f"(r={r}, m={m}) is outside the tables (r <= {self.B}, m <= {self.M})")
         cap = len(self.units) * r + 1
+        out_k = np.empty(cap, np.int64)
         out_u = np.empty(cap, np.int64)
+        out_l = np.empty(cap, np.int64)
         out_s = np.empty(cap, np.int64)
         out_n = np.empty(cap, np.int64)
-        steps, peak = kernel.reconstruct(
-            self.T, self.E, self.chain_n, self.chain_toff, self.chain_eoff, self.chain_boff,
-            self.chain_uoff, self.chain_soff, self.bslots, self.sizes, self.unit_block,
-            self.unit_ws, self.unit_base, self.unit_boff, self.unit_bcnt, self.branch_chain,
-            self.B + 1, self.M + 1, MODES[self.mode], r, m, out_u, out_s, out_n)
-        if steps == -1:
+        records, peak = kernel.reconstruct(
+            self.T, self.EX, self.E, self.RC, self.RN, self.RB, self.chain_n, self.chain_toff,
+            self.chain_eoff, self.chain_boff, self.chain_uoff, self.chain_soff, self.chain_roff,
+            self.bslots, self.sizes, self.unit_block, self.unit_ws, self.unit_base,
+            self.unit_boff, self.unit_bcnt, self.branch_chain, self.B + 1, self.M + 1,
+            MODES[self.mode], r, m, out_k, out_u, out_l, out_s, out_n)
+        if records == -1:
             return None
-        if steps < 0:
+        if records < 0:
             raise PlanError(f"internal error: the {self.mode} tables do not reproduce their own "
                             f"optimum at r={r}, m={m}; please report this with the profile")
-        return RawPlan(out_u[:steps].copy(), out_s[:steps].copy(), out_n[:steps].copy(),
-                       int(peak), float(self.top()[r, m]))
+        return self._expand(out_k[:records], out_u[:records], out_l[:records], out_s[:records],
+                            out_n[:records], int(peak), float(self.top()[r, m]))
+
+    def _expand(self, kinds: np.ndarray, first: np.ndarray, last: np.ndarray,
+                samples: np.ndarray, needs: np.ndarray, peak: int, cost: float) -> RawPlan:
+        """The program of the read-out records: a span becomes the steps of its units (a
+        block's phase, then its branches' units, in fold order), named for the runtime that
+        runs them, and one run."""
+        inst = self.inst
+        named = bool(inst.runtimes)
+        units: list[int] = []
+        sizes: list[int] = []
+        step_needs: list[int] = []
+        runtimes: list[str] = []
+        runs: list[tuple[int, int]] = []
+        index = inst.global_index
+        for kind, g0, g1, c, need in zip(kinds.tolist(), first.tolist(), last.tolist(),
+                                          samples.tolist(), needs.tolist()):
+            if kind == kernel.STEP:
+                units.append(g0)
+                sizes.append(c)
+                step_needs.append(need)
+                runtimes.append(rt.TORCH if named else "")
+                continue
+            start = len(units)
+            for g in range(g0, g1 + 1):
+                for name in _whole(self.units[g]):
+                    units.append(index[name])
+                    sizes.append(c)
+                    step_needs.append(need)
+                    runtimes.append(inst.grouping)
+            runs.append((start, len(units) - 1))
+        return RawPlan(np.array(units, np.int64), np.array(sizes, np.int64),
+                       np.array(step_needs, np.int64), peak, cost, tuple(runtimes), tuple(runs))
+
+
+def _whole(unit: Unit) -> list[str]:
+    """The names of a unit's steps when it runs whole at one batch size: itself, and for a
+    block every unit of its branches in fold order."""
+    names = [unit.name]
+    for branch in unit.branches:  # fold order: only identity branches (no units) move
+        for u in branch.units:
+            names.extend(_whole(u))
+    return names
 
 
 def _post_order(inst: Instance) -> list[Chain]:

@@ -22,6 +22,13 @@ phase that moves all b1 samples through the interval before the next phase start
 E[k,b,m] (recurrence (3)) is the cost of unit k at exactly b samples in m slots: a layer's
 cost when it fits, a block's fold cost plus its branches' OPT in what the fork and join leave.
 
+Runs (``planner.solver.model.RunTable``): where a runtime runs units i..j as one call, the
+phase may be that call, ``R[i,j,b] = RC[tri(i,j), b]`` where ``m >= RN[tri(i,j), b]`` (its cost
+and slots), so a phase pays each call and each cut it makes. The kernels' E already holds a
+unit's call of its own, E[k] = min(the executor's own step, R[k,k]) (``exact_with_runs``), in
+both modes; in ``vbs`` X[i,j] also considers R[i,j] (before the splits: a run is preferred on
+a tie). Without a runtime that runs units in calls, RC is infinite throughout.
+
 Work is O(n^3 B M) for the splits, O(n^2 B^2 M) for the phases and O(n CARRY_MAX_LEN^2 B^3 M)
 for the carries, every inner loop running along the contiguous memory axis (vectorised by
 LLVM). ``reconstruct`` recovers a program by recomputing the same sums in the same order, so
@@ -42,6 +49,10 @@ CARRY_MAX_LEN = 4
 
 # task kinds of the reconstruction stack
 _OPT, _X, _UNIT = 0, 1, 2
+# what ``_xval`` returns as its argmin when the run of the whole interval wins
+RUN = -3
+# kinds of the records ``reconstruct`` writes: a step of one unit, or a run of units i..j
+STEP, SPAN = 0, 1
 
 
 @njit(cache=True, inline="always")
@@ -113,9 +124,28 @@ def _carry(T, LO, bslots, n, i, j, k, b, M1, x):
                   A[b - c1, lo - kc - od:M1 - kc - od], C[b - d1, lo - od:M1 - od])
 
 
+@njit(cache=True, inline="always")
+def _run_in(x, rc, rn):
+    """x = min(x, rc) where m >= rn (a run of rn slots costing rc), in place."""
+    for m in range(rn, x.shape[0]):
+        if rc < x[m]:
+            x[m] = rc
+
+
 @njit(cache=True)
-def chain_dp(E, bslots, mode, T):
-    """Fill ``T`` (n(n+1)/2, B+1, M+1) for one chain; ``E`` is (n, B+1, M+1), ``bslots`` (n+1, B+1)."""
+def exact_with_runs(E, RC, RN, n, EX):
+    """EX = E, lowered to R[k,k] (a call of unit k alone) where that fits and costs less."""
+    EX[:] = E
+    for k in range(n):
+        t = tri(n, k, k)
+        for b in range(1, E.shape[1]):
+            _run_in(EX[k, b], RC[t, b], RN[t, b])
+
+
+@njit(cache=True)
+def chain_dp(E, bslots, mode, T, RC, RN):
+    """Fill ``T`` (n(n+1)/2, B+1, M+1) for one chain; ``E`` is (n, B+1, M+1), ``bslots`` (n+1, B+1),
+    ``RC``/``RN`` (n(n+1)/2, B+1) the runs' costs and slots."""
     n, B1, M1 = E.shape
     X = np.empty((B1, M1))
     XLO = np.empty(B1, np.int64)
@@ -132,6 +162,7 @@ def chain_dp(E, bslots, mode, T):
                     x[:] = E[i, b]
                 elif mode == MODE_VBS:
                     x[:] = INF
+                    _run_in(x, RC[t, b], RN[t, b])
                     for k in range(i, j):
                         ta = tri(n, i, k)
                         tc = tri(n, k + 1, j)
@@ -193,15 +224,19 @@ def block_exact(F, fold, base, E_out):
 
 
 @njit(cache=True)
-def _xval(T, E, bslots, toff, eoff, boff, n, i, j, b, m, B1, M1, mode):
-    """X[i,j,b,m] of one chain recomputed exactly as chain_dp does; its argmin k, and (c1, d1)
-    when a carry wins (c1 = 0 otherwise)."""
+def _xval(T, E, bslots, RC, RN, toff, eoff, boff, roff, n, i, j, b, m, B1, M1, mode):
+    """X[i,j,b,m] of one chain recomputed exactly as chain_dp does; its argmin k (RUN when the
+    run of units i..j wins), and (c1, d1) when a carry wins (c1 = 0 otherwise)."""
+    r = roff + tri(n, i, j) * B1 + b
     if i == j:
         return E[eoff + (i * B1 + b) * M1 + m], i, 0, 0
     best = INF
     arg = -1
     c1best = 0
     d1best = 0
+    if mode == MODE_VBS and m >= RN[r]:
+        best = RC[r]
+        arg = RUN
     if mode == MODE_VBS:
         for k in range(i, j):
             v = T[toff + (tri(n, i, k) * B1 + b) * M1 + m] + T[toff + (tri(n, k + 1, j) * B1 + b) * M1 + m]
@@ -243,14 +278,20 @@ def _xval(T, E, bslots, toff, eoff, boff, n, i, j, b, m, B1, M1, mode):
 
 
 @njit(cache=True)
-def reconstruct(T, E, chain_n, chain_toff, chain_eoff, chain_boff, chain_uoff, chain_soff,
-                bslots, sizes, unit_block, unit_ws, unit_base, unit_boff, unit_bcnt, branch_chain,
-                B1, M1, mode, r, m0, out_unit, out_samples, out_need):
-    """Write the program of OPT[root, r, m0] into ``out_*``; return (steps, exact peak bytes).
+def reconstruct(T, EX, E, RC, RN, RB, chain_n, chain_toff, chain_eoff, chain_boff, chain_uoff,
+                chain_soff, chain_roff, bslots, sizes, unit_block, unit_ws, unit_base, unit_boff,
+                unit_bcnt, branch_chain, B1, M1, mode, r, m0,
+                out_kind, out_unit, out_last, out_samples, out_need):
+    """Write the records of OPT[root, r, m0] into ``out_*``; return (records, exact peak bytes).
 
-    Every task carries the exact bytes held outside its interval, so each step's exact need
+    A record is a STEP (``out_unit`` runs ``out_samples`` samples: a layer, or a block's phase
+    whose branches' records follow) or a SPAN (units ``out_unit..out_last`` of one chain, in
+    global numbering, as one call of the runtime that runs units in calls, blocks whole).
+    ``EX`` is E with each unit's call of its own (what the tables were built with), ``E`` the
+    executor's own steps alone: a unit runs as a call where that is what lowered EX.
+    Every task carries the exact bytes held outside its interval, so each record's exact need
     (``out_need``) and the peak are computed here, independently of the simulator.
-    Returns steps = -1 when the entry is infinite (no schedule), -2 if the tables disagree
+    Returns records = -1 when the entry is infinite (no schedule), -2 if the tables disagree
     with their recomputation (a bug).
     """
     cap = 64 + 8 * out_unit.shape[0]
@@ -267,7 +308,7 @@ def reconstruct(T, E, chain_n, chain_toff, chain_eoff, chain_boff, chain_uoff, c
     st_kind[0] = _OPT; st_c[0] = 0; st_i[0] = 0; st_j[0] = n0 - 1
     st_b[0] = r; st_m[0] = m0; st_off[0] = 0
     sp = 1
-    nsteps = 0
+    nrec = 0
     peak = 0
     while sp > 0:
         sp -= 1
@@ -278,12 +319,14 @@ def reconstruct(T, E, chain_n, chain_toff, chain_eoff, chain_boff, chain_uoff, c
         eoff = chain_eoff[c]
         boff = chain_boff[c]
         soff = chain_soff[c]
+        roff = chain_roff[c]
         if kind == _OPT:
             if b == 0:
                 continue
             t = tri(n, i, j)
             v = T[toff + (t * B1 + b) * M1 + m]
-            xv, _, _, _ = _xval(T, E, bslots, toff, eoff, boff, n, i, j, b, m, B1, M1, mode)
+            xv, _, _, _ = _xval(T, EX, bslots, RC, RN, toff, eoff, boff, roff, n, i, j, b, m, B1,
+                                M1, mode)
             if xv == v:
                 st_kind[sp] = _X; st_c[sp] = c; st_i[sp] = i; st_j[sp] = j
                 st_b[sp] = b; st_m[sp] = m; st_off[sp] = off
@@ -298,7 +341,8 @@ def reconstruct(T, E, chain_n, chain_toff, chain_eoff, chain_boff, chain_uoff, c
                 rest = T[toff + (t * B1 + (b - b1)) * M1 + (m - cc)]
                 if rest == INF:
                     continue
-                xv, _, _, _ = _xval(T, E, bslots, toff, eoff, boff, n, i, j, b1, m - a, B1, M1, mode)
+                xv, _, _, _ = _xval(T, EX, bslots, RC, RN, toff, eoff, boff, roff, n, i, j, b1,
+                                    m - a, B1, M1, mode)
                 if xv + rest == v:
                     # the rest runs second, with the first phase's b1 outputs held at the end
                     st_kind[sp] = _OPT; st_c[sp] = c; st_i[sp] = i; st_j[sp] = j
@@ -315,12 +359,24 @@ def reconstruct(T, E, chain_n, chain_toff, chain_eoff, chain_boff, chain_uoff, c
             if not found:
                 return -2, 0
         elif kind == _X:
+            _, k, c1, d1 = _xval(T, EX, bslots, RC, RN, toff, eoff, boff, roff, n, i, j, b, m,
+                                 B1, M1, mode)
+            if k == RUN:
+                need = off + RB[roff + tri(n, i, j) * B1 + b]
+                out_kind[nrec] = SPAN
+                out_unit[nrec] = chain_uoff[c] + i
+                out_last[nrec] = chain_uoff[c] + j
+                out_samples[nrec] = b
+                out_need[nrec] = need
+                nrec += 1
+                if need > peak:
+                    peak = need
+                continue
             if i == j:
                 st_kind[sp] = _UNIT; st_c[sp] = c; st_i[sp] = i; st_j[sp] = i
                 st_b[sp] = b; st_m[sp] = m; st_off[sp] = off
                 sp += 1
                 continue
-            _, k, c1, d1 = _xval(T, E, bslots, toff, eoff, boff, n, i, j, b, m, B1, M1, mode)
             if k < 0:
                 return -2, 0
             if c1 > 0:
@@ -365,15 +421,29 @@ def reconstruct(T, E, chain_n, chain_toff, chain_eoff, chain_boff, chain_uoff, c
                     st_b[sp] = b; st_m[sp] = m; st_off[sp] = off
                     sp += 1
         else:
+            r1 = roff + tri(n, i, i) * B1 + b
+            if m >= RN[r1] and RC[r1] < E[eoff + (i * B1 + b) * M1 + m]:  # its own call
+                need = off + RB[r1]
+                out_kind[nrec] = SPAN
+                out_unit[nrec] = chain_uoff[c] + i
+                out_last[nrec] = chain_uoff[c] + i
+                out_samples[nrec] = b
+                out_need[nrec] = need
+                nrec += 1
+                if need > peak:
+                    peak = need
+                continue
             g = chain_uoff[c] + i
             s_in = sizes[soff + i]
             s_out = sizes[soff + i + 1]
-            out_unit[nsteps] = g
-            out_samples[nsteps] = b
+            out_kind[nrec] = STEP
+            out_unit[nrec] = g
+            out_last[nrec] = g
+            out_samples[nrec] = b
             if unit_block[g]:
                 need = off + (s_in + s_out) * b
-                out_need[nsteps] = need
-                nsteps += 1
+                out_need[nrec] = need
+                nrec += 1
                 if need > peak:
                     peak = need
                 mb = m - unit_base[g, b]
@@ -387,8 +457,8 @@ def reconstruct(T, E, chain_n, chain_toff, chain_eoff, chain_boff, chain_uoff, c
                     sp += 1
             else:
                 need = off + (s_in + s_out) * b + unit_ws[g, b]
-                out_need[nsteps] = need
-                nsteps += 1
+                out_need[nrec] = need
+                nrec += 1
                 if need > peak:
                     peak = need
-    return nsteps, peak
+    return nrec, peak

@@ -35,8 +35,8 @@ from planner.errors import InvalidProgramError
 from planner.runtimes import TORCH
 from planner.solver.memory import allocation
 from planner.solver.program import Step
-from planner.solver.runs import RunMemory, TreeIndex, figures, run_internal, step_runtime, \
-    whole_end
+from planner.solver.runs import RunMemory, TreeIndex, figures, run_inner, run_runtime, \
+    step_runtime
 from planner.tree import Layer, Node, Parallel, Series, fold_order
 
 H = TypeVar("H")  # a back end's handle on a buffer: a tensor, or a byte count
@@ -183,7 +183,7 @@ def walk(backend: Backend[H], root: Series, steps: Iterable[Step], x: H, samples
          splits: dict[int, list[int]] | None = None,
          seen: dict[int, list[int | None]] | None = None,
          after_step: Callable[[int], None] | None = None,
-         runs: dict[int, int] | None = None, discover: str = "") -> H:
+         runs: dict[int, int] | None = None) -> H:
     """Run a program on a request ``x`` of ``samples`` samples; returns the output buffer.
 
     ``splits`` maps a step to the sizes its output chunk is copied into right away (so each
@@ -191,13 +191,12 @@ def walk(backend: Backend[H], root: Series, steps: Iterable[Step], x: H, samples
     sample is read); ``seen`` collects how every chunk is read (see ``layout``);
     ``after_step(n)`` is called when the action of the last n steps is done. ``runs`` maps
     the first step of every run to its last (``planner.solver.runs``): those steps run as one
-    call of their runtime. ``discover`` (a runtime) finds that runtime's runs as the walk
-    goes, each as long as the rules allow, and adds them to ``runs``.
+    call of their runtime (the plan says which: the DP chose where to cut).
     """
     splits = splits or {}
-    runs = {} if runs is None else runs
+    runs = runs or {}
     steps = list(steps)
-    index = TreeIndex(root)
+    index = TreeIndex.of(root)
     top = _new_chain(root)
     top.boundaries[0].append(_Chunk(x, samples, owned=False))  # the request belongs to its caller
     phases: list[_Phase[H]] = []
@@ -247,32 +246,12 @@ def walk(backend: Backend[H], root: Series, steps: Iterable[Step], x: H, samples
             assert phase.parent is not None
             deliver(phase.parent, phase.position, phase.join, phase.samples, phase.block, phase.key)
 
-    def find_run(k: int, chain: _Chain, position: int) -> int:
-        """The last step of the longest run of ``discover`` starting at step k (-1: none)."""
-        end = whole_end(index.nodes, steps, k, discover)
-        if end < 0:
-            return -1
-        last, c = end - 1, steps[k].samples
-        series = chain.series
-        while end < len(steps) and steps[end].samples == c:
-            where = index.where.get(steps[end].unit)
-            nxt = where[1] if where is not None and where[0] is series else -1
-            if nxt != position + 1 or chain.boundaries[nxt]:  # not the next node, or samples wait
-                break
-            stop = whole_end(index.nodes, steps, end, discover)
-            if stop < 0:
-                break
-            last, end, position = stop - 1, stop, nxt
-        return last
-
     def do_run(k: int, end: int, chain: _Chain, position: int) -> None:
         step = steps[k]
         nodes = index.run_nodes(steps, k, end)
         last = position + len(nodes) - 1
         take = _take(backend, chain, position, step.samples, seen)
-        out = backend.run_many(nodes, take.tensor, step.samples,
-                               step_runtime(nodes[0], step) if isinstance(nodes[0], Layer)
-                               else (step.runtime or discover))
+        out = backend.run_many(nodes, take.tensor, step.samples, run_runtime(nodes[0], step))
         _finish(backend, take)
         deliver(chain, last, out, step.samples, nodes[-1], end)
 
@@ -291,10 +270,6 @@ def walk(backend: Backend[H], root: Series, steps: Iterable[Step], x: H, samples
         if step.samples < 1:
             raise InvalidProgramError(f"step {k}: {step.unit!r} on {step.samples} samples")
         end = runs.get(k, -1)
-        if end < 0 and discover:
-            end = find_run(k, chain, position)
-            if end >= 0:
-                runs[k] = end
         if end >= 0:
             if end < k or end >= len(steps):
                 raise InvalidProgramError(f"step {k}: its run ends at step {end}, outside "
@@ -387,11 +362,7 @@ class MemoryAccount:
         return self._alloc(unit.out_bytes * samples)
 
     def run_many(self, nodes: tuple[Node, ...], x: int, samples: int, runtime: str) -> int:
-        inner = 0
-        if self.inside:
-            whole = self.measured.get((nodes[0].name, nodes[-1].name))
-            inner = whole[samples - 1] if whole else run_internal(nodes, samples, runtime,
-                                                                  self.granule)
+        inner = run_inner(nodes, samples, runtime, self.granule, self.measured) if self.inside else 0
         out = nodes[-1].out_bytes * samples  # type: ignore[union-attr]
         self._level(self.live + inner + allocation(out, self.granule))
         return self._alloc(out)
@@ -432,14 +403,13 @@ class MemoryAccount:
 def account(root: Series, steps: Iterable[Step], samples: int, *, granule: int = 1,
             splits: dict[int, list[int]] | None = None,
             seen: dict[int, list[int | None]] | None = None,
-            runs: dict[int, int] | None = None, discover: str = "",
+            runs: dict[int, int] | None = None,
             inside: bool = True, measured: RunMemory | None = None) -> MemoryAccount:
     """Walk ``steps`` on ``samples`` samples on byte counts; the account holds the peak and
     every step's need. The request is not counted: it was allocated before the run (and
     before the memory probe that chose the plan), and its caller holds it throughout."""
     acc = MemoryAccount(granule, inside, measured or {})
-    walk(acc, root, list(steps), 0, samples, splits, seen, after_step=acc.end_step, runs=runs,
-         discover=discover)
+    walk(acc, root, list(steps), 0, samples, splits, seen, after_step=acc.end_step, runs=runs)
     return acc
 
 
@@ -455,49 +425,36 @@ def executor_peak(root: Series, steps: Iterable[Step], samples: int, *, granule:
 
 @dataclass(frozen=True)
 class Layout:
-    """How the executor runs a program: the outputs it splits, its runs, its exact peak, each
-    step's need, and the program with every step's runtime named."""
+    """How the executor runs a program: the outputs it splits, its exact peak, each step's
+    need, and its runs (as given)."""
 
     splits: dict[int, list[int]]
     peak: int
     needs: tuple[int, ...]
     peak_without_splits: int
     runs: tuple[tuple[int, int], ...] = ()
-    steps: tuple[Step, ...] = ()
 
 
 def layout(root: Series, steps: Iterable[Step], samples: int, *, granule: int = 1,
-           runtime: str = "", measured: RunMemory | None = None) -> Layout:
-    """The executor's layout of a program at its lowest peak: its runs, and whether to split
+           runs: Iterable[tuple[int, int]] = (), measured: RunMemory | None = None) -> Layout:
+    """The executor's layout of a program with its runs at its lowest peak: whether to split
     chunks.
 
-    ``runtime`` (one that runs units in runs, such as onnxruntime): its steps are grouped
-    into runs as the walk finds them, and every step is given its runtime by name (a run's
-    steps, blocks included, that runtime's). A chunk read in several views stays whole until
-    its last view, unless it is split into one piece per view right after it is made (a copy,
-    so both exist for a moment). Two walks: as is, and with every such chunk split; the
-    splits are kept only when they lower the peak. (A greedy search over single splits, one
-    walk each, found the same peaks on every plan of resnet50 at r = 32 and took 50 times
-    longer.)
+    A chunk read in several views stays whole until its last view, unless it is split into
+    one piece per view right after it is made (a copy, so both exist for a moment). Two
+    walks: as is, and with every such chunk split; the splits are kept only when they lower
+    the peak (a greedy search over single splits, one walk each, found the same peaks).
     """
     steps = list(steps)
+    runs = tuple(sorted(runs))
     seen: dict[int, list[int | None]] = {}
-    found: dict[int, int] = {}
-    plain = account(root, steps, samples, granule=granule, seen=seen, runs=found,
-                    discover=runtime, measured=measured)
-    runs = tuple(sorted(found.items()))
-    named = tuple(steps)
-    if runtime:
-        nodes = TreeIndex(root).nodes
-        in_run = {k for start, end in runs for k in range(start, end + 1)}
-        named = tuple(Step(s.unit, s.samples, runtime if k in in_run else
-                           step_runtime(nodes[s.unit], s))
-                      for k, s in enumerate(steps))
+    plain = account(root, steps, samples, granule=granule, seen=seen, runs=dict(runs),
+                    measured=measured)
     splits = {k: [n for n in sizes if n is not None] for k, sizes in sorted(seen.items())
               if len(sizes) > 1 and None not in sizes}
     if splits:
-        split = account(root, named, samples, granule=granule, splits=splits, runs=dict(runs),
+        split = account(root, steps, samples, granule=granule, splits=splits, runs=dict(runs),
                         measured=measured)
         if split.peak < plain.peak:
-            return Layout(splits, split.peak, tuple(split.needs), plain.peak, runs, named)
-    return Layout({}, plain.peak, tuple(plain.needs), plain.peak, runs, named)
+            return Layout(splits, split.peak, tuple(split.needs), plain.peak, runs)
+    return Layout({}, plain.peak, tuple(plain.needs), plain.peak, runs)

@@ -95,12 +95,18 @@ def check_slot_bytes(slot_bytes: int) -> int:
 
 def parse_budgets(text: str, low: int, high: int) -> list[int]:
     """``15MB:40MB:5MB`` (inclusive), ``10MB,20MB``, or ``auto[:N]`` (N budgets from the
-    least any plan of the request runs in up to where fbs runs it whole)."""
+    least any plan of the request runs in up to where fbs runs it whole, spaced evenly on a
+    log scale: denser at the bottom, where memory binds and plans differ most)."""
     if text.startswith("auto"):
-        n = int(text.split(":", 1)[1]) if ":" in text else 6
+        try:
+            n = int(text.split(":", 1)[1]) if ":" in text else 10
+        except ValueError:
+            raise UsageError(f"--memory {text!r}: give auto or auto:N with N a whole number") from None
         if n < 2:
             raise UsageError("--memory auto:N needs N >= 2")
-        return [int(low + (high - low) * k / (n - 1)) for k in range(n)]
+        if low <= 0 or high <= low:
+            return [int(low + (high - low) * k / (n - 1)) for k in range(n)]
+        return [int(round(low * (high / low) ** (k / (n - 1)))) for k in range(n)]
     if ":" in text:
         parts = text.split(":")
         if len(parts) != 3:

@@ -1,4 +1,4 @@
-"""The solver's view of a Profile: chains of units with boundary sizes, per objective.
+"""The solver's view of a Profile: chains of units with boundary sizes and runs, per objective.
 
 The division tree is flattened into chains (``Chain``): the root series, and one chain per
 branch of every parallel block. A chain of n units has n+1 boundaries; ``sizes[k]`` is the
@@ -9,20 +9,31 @@ block's join buffer, but that layer's output is allocated by torch before the fo
 size is added to the layer's workspace: the paper counts it as 0, which no executor can do. A unit is a
 layer (``layer`` or ``opaque``: run as a whole) or a parallel block whose branches are chains.
 
-Every solver, the simulator and the baselines read sizes, workspaces and costs from here
-only, so there is one model of memory in code (docs/architecture.md).
+A unit's own figures (``cost``, ``time``, ``ws``) are those of a step the executor runs
+itself: on torch where the profile names runtimes (``inf`` where the runtime choice keeps the
+unit off torch), else on the profile's only kernels. What a runtime that runs units in calls
+(ONNX Runtime) does is a chain's ``RunTable``: for every span of consecutive children of one
+series it can run as one call, at every batch size, what that call costs
+(``planner.solver.pricing``) and needs (``planner.solver.runs.run_need``); a single unit on
+that runtime is a span of one.
+
+Every solver, the simulator and the baselines read sizes, workspaces, runs and costs from
+here only, so there is one model of memory and one of time in code (docs/architecture.md).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from planner import runtimes as rt
 from planner.errors import ProfileError, UsageError
-from planner.solver.runs import CallCost, RunMemory, call_cost, measured_runs
+from planner.solver.pricing import Pricing
+from planner.solver.runs import CallCost, RunMemory, TreeIndex, call_cost, figures, \
+    measured_runs, run_inner, run_need, supports
 from planner.tree import Layer, Node, Parallel, Profile, Series, iter_layers, node_to_json
 
 OBJECTIVES = ("time", "energy")
@@ -50,6 +61,16 @@ class Unit:
         return self.ws[b - 1]
 
 
+@dataclass(frozen=True)
+class RunTable:
+    """The runs of one chain on one runtime: ``spans[(i, j)]`` = (cost, need) of units i..j
+    (consecutive children of one series, blocks whole) as one call on b = 1..B samples; need
+    in bytes, the input as the chain counts it included."""
+
+    runtime: str
+    spans: dict[tuple[int, int], tuple[tuple[float, ...], tuple[int, ...]]]
+
+
 @dataclass(frozen=True, eq=False)
 class Chain:
     """Units run one after another, with the bytes per sample held at each boundary."""
@@ -58,6 +79,8 @@ class Chain:
     units: tuple[Unit, ...]
     sizes: tuple[int, ...]  # len(units) + 1 boundaries; a branch chain's ends are 0
     parent: tuple[int, int, int] | None = None  # (parent chain id, block position, branch index)
+    nodes: tuple[Layer | Parallel, ...] = ()  # the tree's node of every unit
+    runs: RunTable | None = None  # what a runtime that runs units in calls can run as one
 
     @property
     def n(self) -> int:
@@ -81,6 +104,10 @@ class Instance:
     runtime_choice: str = ""
     calls: dict[str, CallCost] = field(default_factory=dict)
     run_memory: RunMemory = field(default_factory=dict)  # runs the profiler measured whole
+    grouping: str = ""  # the runtime whose units run in calls of runs (RunTable), '' for none
+    # what every span of every RunTable holds inside its runtime (``runs.run_inner``): the
+    # walk reads it instead of working it out again for every call of every plan it lays out
+    run_inners: RunMemory = field(default_factory=dict)
 
     @property
     def root(self) -> Chain:
@@ -112,6 +139,21 @@ class Instance:
     def unit(self, name: str) -> Unit:
         cid, pos = self.locate[name]
         return self.chains[cid].units[pos]
+
+    @cached_property
+    def index(self) -> TreeIndex:
+        assert self.tree is not None
+        return TreeIndex(self.tree)
+
+    @cached_property
+    def pricing(self) -> Pricing:
+        """The objective's prices of steps, runs and programs (``planner.solver.pricing``)."""
+        return Pricing(self.index, self.calls, self.objective)
+
+    @cached_property
+    def time_pricing(self) -> Pricing:
+        """Seconds of steps, runs and programs, whatever the objective."""
+        return Pricing(self.index, self.calls, "time")
 
     @cached_property
     def depth(self) -> int:
@@ -155,8 +197,39 @@ def build_instance(profile: Profile, objective: str = "time", *, count_request: 
     if objective not in OBJECTIVES:
         raise UsageError(f"unknown objective {objective!r}; use one of {', '.join(OBJECTIVES)}")
     B = profile.batch_max
+    named = {name for layer in iter_layers(profile.root) for name, _ in layer.runtimes}
+    kinds = tuple(r for r in rt.RUNTIMES if r in named)
+    choice = str(profile.meta.get("runtime", ""))
+    calls = {r: cost for r in kinds if (cost := call_cost(profile, r)) is not None}
+    for r, cost in calls.items():
+        if len(cost.call_s) != B or len(cost.byte_s) != B:
+            raise ProfileError(f"meta.runtimes.{r}: call_s and byte_s need {B} values each "
+                               "(b = 1..batch_max)")
     chains: list[Chain | None] = []
     locate: dict[str, tuple[int, int]] = {}
+    # units run in calls of runs on ONNX Runtime; the energy objective has no figure for a call
+    grouping = rt.ONNXRUNTIME if rt.ONNXRUNTIME in kinds and objective == "time" else ""
+    run_memory = {key: ws for r in kinds for key, ws in measured_runs(profile, r).items()
+                  if len(ws) == B}
+    index = TreeIndex(profile.root)
+    runs = _Runs(index, Pricing(index, calls, objective), grouping, profile.granule, run_memory,
+                 B) if grouping else None
+
+    def make_unit(m: Layer) -> Unit:
+        if len(m.ws) != B or len(m.time) != B:
+            raise ProfileError(f"layer {m.name!r} needs 'time' and 'ws' for b = 1..{B}; "
+                               f"this tree is not measured (run `vbs profile`)")
+        _costs(m.time, "time", m.name, B, optional=False)
+        if kinds:  # a step of the executor's own runs on torch
+            time = tuple(float(figures(m, rt.TORCH, b)[0]) for b in range(1, B + 1))
+            ws = tuple(int(figures(m, rt.TORCH, b)[1]) for b in range(1, B + 1))
+        else:
+            time, ws = tuple(float(t) for t in m.time), tuple(int(w) for w in m.ws)
+        cost = time if objective == "time" else _costs(m.energy, "energy", m.name, B,
+                                                       optional=False)
+        if kinds and choice == rt.ONNXRUNTIME and supports(m, rt.ONNXRUNTIME):
+            cost = (math.inf,) * B  # --runtime onnxruntime: on it wherever it takes the unit
+        return Unit(m.name, False, cost, time, ws)
 
     def make_chain(node: Node, *, is_branch: bool, parent: tuple[int, int, int] | None) -> Chain:
         cid = len(chains)
@@ -169,13 +242,7 @@ def build_instance(profile: Profile, objective: str = "time", *, count_request: 
                                    f"share one namespace in a program); give every node a unique name")
             locate[m.name] = (cid, pos)
             if isinstance(m, Layer):
-                if len(m.ws) != B or len(m.time) != B:
-                    raise ProfileError(f"layer {m.name!r} needs 'time' and 'ws' for b = 1..{B}; "
-                                       f"this tree is not measured (run `vbs profile`)")
-                time = _costs(m.time, "time", m.name, B, optional=False)
-                cost = time if objective == "time" else _costs(m.energy, "energy", m.name, B,
-                                                               optional=False)
-                units.append(Unit(m.name, False, cost, time, tuple(int(w) for w in m.ws)))
+                units.append(make_unit(m))
             else:
                 time = _costs(m.time, "time", m.name, B, optional=True)
                 cost = time if objective == "time" else _costs(m.energy, "energy", m.name, B,
@@ -202,7 +269,9 @@ def build_instance(profile: Profile, objective: str = "time", *, count_request: 
                 sizes[-1] = 0
             # A block that closes a branch keeps its join size: its join buffer is allocated
             # while its phase is open (and, conservatively, counted until the branch ends).
-        chain = Chain(cid, tuple(units), tuple(int(s) for s in sizes), parent)
+        chain = Chain(cid, tuple(units), tuple(int(s) for s in sizes), parent, tuple(members))
+        if runs is not None:
+            chain = replace(chain, runs=runs.table(chain))
         chains[cid] = chain
         return chain
 
@@ -210,19 +279,47 @@ def build_instance(profile: Profile, objective: str = "time", *, count_request: 
     fingerprint = profile.fingerprint or content_fingerprint(profile)
     if not chains[0].units:  # type: ignore[union-attr]
         raise ProfileError("the profile's root has no units")
-    named = {name for layer in iter_layers(profile.root) for name, _ in layer.runtimes}
-    kinds = tuple(r for r in rt.RUNTIMES if r in named)
-    calls = {r: cost for r in kinds if (cost := call_cost(profile, r)) is not None}
-    for r, cost in calls.items():
-        if len(cost.call_s) != B or len(cost.byte_s) != B:
-            raise ProfileError(f"meta.runtimes.{r}: call_s and byte_s need {B} values each "
-                               "(b = 1..batch_max)")
     return Instance(batch_max=B, objective=objective, chains=tuple(chains),  # type: ignore[arg-type]
                     fingerprint=fingerprint, locate=locate, tree=profile.root,
-                    granule=profile.granule, runtimes=kinds,
-                    runtime_choice=str(profile.meta.get("runtime", "")), calls=calls,
-                    run_memory={key: ws for r in kinds for key, ws in measured_runs(profile, r).items()
-                                if len(ws) == B})
+                    granule=profile.granule, runtimes=kinds, runtime_choice=choice, calls=calls,
+                    run_memory=run_memory, grouping=grouping,
+                    run_inners=runs.inners if runs is not None else {})
+
+
+@dataclass(frozen=True)
+class _Runs:
+    """Builds chains' run tables: every span a runtime runs as one call, priced and sized at
+    every batch size (consecutive children of one series, each of which it takes)."""
+
+    index: TreeIndex
+    pricing: Pricing
+    runtime: str
+    granule: int
+    measured: RunMemory
+    batch_max: int
+    inners: RunMemory = field(default_factory=dict)  # filled as tables are built
+
+    def table(self, chain: Chain) -> RunTable:
+        spans: dict[tuple[int, int], tuple[tuple[float, ...], tuple[int, ...]]] = {}
+        where = self.index.where
+        nodes = chain.nodes
+        batches = range(1, self.batch_max + 1)
+        for i, first in enumerate(nodes):
+            series, start = where[first.name]
+            for j in range(i, len(nodes)):
+                node = nodes[j]
+                at = where[node.name]
+                if at[0] is not series or at[1] != start + j - i or not supports(node, self.runtime):
+                    break
+                span = nodes[i:j + 1]
+                inner = tuple(run_inner(span, b, self.runtime, self.granule, self.measured)
+                              for b in batches)
+                self.inners[first.name, node.name] = inner
+                spans[i, j] = (
+                    tuple(self.pricing.run(span, self.runtime, b) for b in batches),
+                    tuple(run_need(span, b, self.runtime, chain.sizes[i] * b, self.granule,
+                                   self.inners) for b in batches))
+        return RunTable(self.runtime, spans)
 
 
 def content_fingerprint(profile: Profile) -> str:

@@ -44,6 +44,11 @@ def _chain_top(ch: Chain, mode: str, B: int, M: int, slot: int, tops: dict[int, 
                         v = v + tops[br.cid][b][m - base]
                     row.append(v)
                 rows.append(row)
+        if ch.runs is not None and (pos, pos) in ch.runs.spans:  # its own call of a runtime
+            cost, need = ch.runs.spans[pos, pos]
+            for b in range(1, B + 1):
+                rn = slots_up(need[b - 1], slot)
+                rows[b] = [min(v, cost[b - 1]) if m >= rn else v for m, v in enumerate(rows[b])]
         E.append(rows)
     T: dict[tuple[int, int], list[list[float]]] = {}
     for L in range(1, n + 1):
@@ -51,11 +56,17 @@ def _chain_top(ch: Chain, mode: str, B: int, M: int, slot: int, tops: dict[int, 
             j = i + L - 1
             X = [[INF] * M1 for _ in range(B + 1)]
             O = [[INF] * M1 for _ in range(B + 1)]
+            span = ch.runs.spans.get((i, j)) if ch.runs is not None else None
             for b in range(1, B + 1):
                 x = X[b]
                 if L == 1:
                     x[:] = E[i][b]
-                elif mode == "vbs":
+                if span is not None and L > 1 and mode == "vbs":  # the run of units i..j
+                    rc, rn = span[0][b - 1], slots_up(span[1][b - 1], slot)
+                    for m in range(rn, M1):
+                        if rc < x[m]:
+                            x[m] = rc
+                if L > 1 and mode == "vbs":
                     for k in range(i, j):
                         A, C = T[i, k][b], T[k + 1, j][b]
                         for m in range(M1):
@@ -74,7 +85,7 @@ def _chain_top(ch: Chain, mode: str, B: int, M: int, slot: int, tops: dict[int, 
                                              + A[b - c1][m - kc - od]) + C[b - d1][m - od]
                                         if v < x[m]:
                                             x[m] = v
-                else:  # paper, recurrence (1)
+                elif L > 1:  # paper, recurrence (1)
                     for k in range(i, j + 1):
                         e = E[k][b]
                         for m in range(M1):

@@ -93,10 +93,12 @@ class Program:
         return program_id((s.unit, s.samples, s.runtime) for s in self.steps)
 
 
-def program_id(steps: Iterable[tuple[str, int] | tuple[str, int, str]]) -> str:
+def program_id(steps: Iterable[tuple[str, int] | tuple[str, int, str]],
+               runs: Iterable[tuple[int, int]] = ()) -> str:
     """16 hex digits of SHA-256 over the canonical JSON ``[[unit, samples], ...]`` (compact
-    separators, ASCII escapes; a step that names its runtime is ``[unit, samples, runtime]``):
-    anyone can recompute it from the program alone."""
+    separators, ASCII escapes; a step that names its runtime is ``[unit, samples, runtime]``),
+    followed, for a plan with runs, by ``;`` and its runs ``[[first, last], ...]``: anyone can
+    recompute it from the plan alone, and the same steps cut into other runs are another plan."""
     names: dict[str, str] = {}
     parts = []
     for step in steps:
@@ -106,7 +108,11 @@ def program_id(steps: Iterable[tuple[str, int] | tuple[str, int, str]]) -> str:
             name = names[u] = json.dumps(u, ensure_ascii=True)
         runtime = step[2] if len(step) > 2 else ""  # type: ignore[misc]
         parts.append(f"[{name},{int(c)},{json.dumps(runtime)}]" if runtime else f"[{name},{int(c)}]")
-    return hashlib.sha256(("[" + ",".join(parts) + "]").encode()).hexdigest()[:16]
+    text = "[" + ",".join(parts) + "]"
+    cuts = [f"[{int(a)},{int(b)}]" for a, b in runs]
+    if cuts:
+        text += ";[" + ",".join(cuts) + "]"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -132,12 +138,17 @@ class Plan:
 
     @property
     def plan_id(self) -> str:
-        return self.program.plan_id
+        return program_id(((s.unit, s.samples, s.runtime) for s in self.program.steps), self.runs)
 
     @property
     def split_map(self) -> dict[int, list[int]]:
         """The splits as the executor takes them: step -> sizes."""
         return {k: list(sizes) for k, sizes in self.splits}
+
+    @property
+    def calls(self) -> int:
+        """Runtime calls its runs make (every step on such a runtime is in a run)."""
+        return len(self.runs)
 
     @property
     def run_map(self) -> dict[int, int]:
@@ -153,4 +164,5 @@ class Plan:
                 "peak_bytes": self.peak_bytes, "executor_peak_bytes": self.executor_peak_bytes,
                 "plan_id": self.plan_id,
                 "program": self.program.to_json(),
-                **({"runs": [list(r) for r in self.runs]} if self.runs else {})}
+                **({"runs": [list(r) for r in self.runs], "calls": self.calls}
+                   if self.runs else {})}

@@ -1,27 +1,25 @@
-"""Runs: consecutive steps of a program that one runtime call executes, and what plans cost.
+"""Runs: consecutive steps of a program that one runtime call executes, and what they hold.
 
 ONNX Runtime runs a run of units as one session: the children of one series from a first to
 a last, all at the same batch size c, each taking exactly what the one before it made (no
 samples waiting between them), a block inside whole (its phase of c samples, every branch's
-units once at c, its join in the graph). Which steps form runs depends on what waits at each
-boundary, so the executor's walk finds them (``planner.solver.layout``) and the table stores
-them; this module holds the rules the walk applies:
+units once at c, its join in the graph). Where a plan cuts its runs is the DP's choice (a
+cut costs a call: ``planner.solver.pricing``), so every plan carries its runs and the walk
+(``planner.solver.layout``) follows them; this module holds what a run is and holds:
 
-- ``whole_end``: where the steps of a node run whole at c end;
 - ``run_internal``: the bytes a run holds inside the runtime (the activations between its
   units and the largest workspace): its input is the walk's take, its output the walk's own
   buffer, so neither is counted here. Built from the units' own workspaces, which already
   hold the runtime's copies of their input and output, it errs high; the runs the profiler
   measured whole (``measured_runs``) are counted as measured;
-- ``program_time``: a program's seconds with its runtimes and runs. A unit on ONNX Runtime
-  costs its time inside a run, a block run whole its join's time inside it, and every call
-  its ``CallCost`` (fixed, and by the bytes it takes and gives), as the profiler measured
-  and fitted them (``planner.profiling.ort``).
+- ``run_need``: the most a run needs while it runs, the one figure the DP, the simulator and
+  the walk use for it.
+
+What runs cost is ``planner.solver.pricing``'s.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -85,26 +83,12 @@ def supports(node: Node, runtime: str) -> bool:
                for c in b.children)
 
 
-def whole_end(nodes: dict[str, Node], steps: Sequence[Step], k: int, runtime: str) -> int:
-    """The index after the steps that run step k's node whole at its batch size on
-    ``runtime`` (a unit: k + 1; a block: its phase, then every branch unit once at that size,
-    in fold order), or -1 when they do not."""
-    step = steps[k]
-    node = nodes[step.unit]
-    if isinstance(node, Layer):
-        return k + 1 if step_runtime(node, step) == runtime else -1
-    if not isinstance(node, Parallel) or not supports(node, runtime):
-        return -1
-    pos = k + 1
-    for i in fold_order(node):
-        for child in node.branches[i].children:
-            if pos >= len(steps) or steps[pos].unit != child.name or \
-                    steps[pos].samples != step.samples:
-                return -1
-            pos = whole_end(nodes, steps, pos, runtime)
-            if pos < 0:
-                return -1
-    return pos
+def run_runtime(first: Node, step: Step) -> str:
+    """The runtime a run calls: its first step's (a run that starts with a block: the one its
+    step names, else ONNX Runtime, the runtime that runs units in calls)."""
+    if isinstance(first, Layer):
+        return step_runtime(first, step)
+    return step.runtime or rt.ONNXRUNTIME
 
 
 def figures(layer: Layer, runtime: str, c: int) -> tuple[float, int]:
@@ -151,38 +135,37 @@ def run_internal(nodes: Sequence[Node], c: int, runtime: str, granule: int = 1,
     return top
 
 
-def program_time(tree: TreeIndex, steps: Sequence[Step], runs: Sequence[tuple[int, int]],
-                 calls: dict[str, CallCost]) -> float:
-    """Seconds of a program with its steps' runtimes and its runs (see the module's doc)."""
-    in_run = {k for start, end in runs for k in range(start, end + 1)}
-    parts = []
-    for k, step in enumerate(steps):
-        node = tree.nodes[step.unit]
-        runtime = step_runtime(node, step)
-        c = step.samples
-        if isinstance(node, Layer):
-            parts.append(figures(node, runtime, c)[0])
-            cost = calls.get(runtime)
-            if cost is not None and k not in in_run:  # a call of its own
-                parts.append(cost.of(c, node.in_bytes, node.out_bytes))
-        else:
-            assert isinstance(node, Parallel)
-            measured = node.measured(runtime) if k in in_run else None
-            if measured is not None:
-                parts.append(measured.time[c - 1])
-            else:
-                parts.append(node.time[c - 1] if node.time else 0.0)
-    for start, end in runs:
-        nodes = tree.run_nodes(steps, start, end)
-        cost = calls.get(step_runtime(nodes[0], steps[start]))
-        if cost is not None:
-            parts.append(cost.of(steps[start].samples, nodes[0].in_bytes,  # type: ignore[union-attr]
-                                 nodes[-1].out_bytes))  # type: ignore[union-attr]
-    return math.fsum(parts)
+def run_inner(nodes: Sequence[Node], c: int, runtime: str, granule: int = 1,
+              measured: RunMemory | None = None) -> int:
+    """What a run of ``nodes`` at c samples holds inside ``runtime``: as the profiler measured
+    it where it measured that run whole, else ``run_internal``'s bound."""
+    whole = (measured or {}).get((nodes[0].name, nodes[-1].name))
+    return whole[c - 1] if whole else run_internal(nodes, c, runtime, granule)
+
+
+def run_need(nodes: Sequence[Node], c: int, runtime: str, in_bytes: int, granule: int = 1,
+             measured: RunMemory | None = None) -> int:
+    """The most a run of ``nodes`` at c samples needs while it runs: ``in_bytes`` (its input as
+    its chain counts it), what it holds inside, and its output (the walk allocates it before
+    the call)."""
+    return (in_bytes + run_inner(nodes, c, runtime, granule, measured)
+            + allocation(nodes[-1].out_bytes * c, granule))  # type: ignore[union-attr]
 
 
 class TreeIndex:
     """Where every named unit and block of a tree sits: its series and position there."""
+
+    _made: dict[int, tuple[Series, "TreeIndex"]] = {}  # by the root's identity (trees are frozen)
+
+    @classmethod
+    def of(cls, root: Series) -> "TreeIndex":
+        """The index of ``root``, made once (the walk asks for it on every plan it lays out)."""
+        found = cls._made.get(id(root))
+        if found is None or found[0] is not root:
+            if len(cls._made) > 64:
+                cls._made.clear()
+            found = cls._made[id(root)] = (root, cls(root))
+        return found[1]
 
     def __init__(self, root: Series) -> None:
         self.where: dict[str, tuple[Series, int]] = {}
@@ -196,6 +179,8 @@ class TreeIndex:
             if isinstance(child, Parallel):
                 for branch in child.branches:
                     self._add(branch)
+            elif isinstance(child, Series):
+                self._add(child)
 
     def run_nodes(self, steps: Sequence[Step], start: int, end: int) -> tuple[Node, ...]:
         """The children of one series that the run of steps ``start..end`` runs."""
@@ -206,3 +191,33 @@ class TreeIndex:
             if where is not None and where[0] is series:
                 last = where[1]
         return series.children[first:last + 1]
+
+
+def plan_shape(steps: Sequence[Step], runs: Sequence[tuple[int, int]], limit: int = 8) -> str:
+    """A plan in a line, by what each call and step runs: ``first..last: batches`` for each
+    stretch of calls over the same units (its first and last step's; ``1x2 2x7``: two calls on
+    one sample, seven on two), a step of the executor's own as ``unit: batches``; at most
+    ``limit`` stretches."""
+    parts: list[tuple[str, list[int]]] = []
+    starts = dict(runs)
+    k = 0
+    while k < len(steps):
+        end = starts.get(k, k)
+        first, last = steps[k].unit, steps[end].unit
+        label = first if first == last else f"{first}..{last}"
+        if parts and parts[-1][0] == label:
+            parts[-1][1].append(steps[k].samples)
+        else:
+            parts.append((label, [steps[k].samples]))
+        k = end + 1
+    text = []
+    for label, sizes in parts[:limit]:
+        counts: list[tuple[int, int]] = []
+        for c in sizes:
+            if counts and counts[-1][0] == c:
+                counts[-1] = (c, counts[-1][1] + 1)
+            else:
+                counts.append((c, 1))
+        text.append(f"{label}: " + " ".join(f"{c}x{n}" if n > 1 else str(c) for c, n in counts))
+    more = f" | ... ({len(parts) - limit} more)" if len(parts) > limit else ""
+    return " | ".join(text) + more

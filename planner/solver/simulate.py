@@ -10,8 +10,8 @@ block phase. Samples are first in, first out at every boundary.
 Steps, in order, each ``{"unit": U, "samples": C}`` with C >= 1:
 
 - A layer takes the next C samples at its input; while it runs it needs
-  ``held + ws(U, C) + out(U) * C`` (its inputs are still held); then they are released and C
-  samples wait at its output. It costs ``cost(U, C)``, the total for C samples at once.
+  ``held + ws(U, C) + out(U) * C`` (its inputs are still held; ws is that of the runtime the
+  step runs on); then they are released and C samples wait at its output.
 - A parallel block opens a phase of C samples: they stay held at its input (the fork) until
   the phase closes, and its join buffer, ``out(U) * C``, is reserved; it costs the block's fold
   cost. Its branches' steps follow, in the branches' order: each branch is a chain that starts
@@ -19,6 +19,13 @@ Steps, in order, each ``{"unit": U, "samples": C}`` with C >= 1:
   the fork and the join are the block's). An identity branch has no steps. When the last
   branch is done the fork is released and the join's C samples wait at the block's output.
   While a phase is open only steps of its current branch are allowed.
+- A run (``runs``: first and last step) is one call of a runtime: its steps are the units
+  of consecutive children of one series at one batch size C, blocks whole (a block's step,
+  then its branches' units once each), taking the next C samples at its input while nothing
+  waits between its units; while it runs it needs ``held + run_need`` (what the runtime
+  holds inside and the run's output, ``planner.solver.runs``), for every one of its steps.
+
+A program costs what ``planner.solver.pricing`` says it costs with those runs.
 
 A program is refused (InvalidProgramError naming the step and why) for an unknown unit, C < 1,
 more samples than wait, a step outside the open phase's current branch, a step over budget, or
@@ -28,7 +35,6 @@ samples left anywhere but the root output. Budget: with ``slot_bytes`` s the usa
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -36,7 +42,8 @@ from planner.errors import InvalidProgramError, UsageError
 from planner.solver.memory import check_slot_bytes
 from planner.solver.model import Chain, Instance, build_instance
 from planner.solver.program import Program, Step
-from planner.tree import Profile
+from planner.solver.runs import figures, run_need, run_runtime, step_runtime
+from planner.tree import Node, Parallel, Profile, fold_order
 
 
 @dataclass(frozen=True)
@@ -101,8 +108,10 @@ def _as_steps(program: Program | Iterable[Step] | list) -> tuple[Step, ...]:
 
 
 def simulate(model: Profile | Instance, program: Program | Iterable[Step], batch: int,
-             budget_bytes: int, *, slot_bytes: int = 1, objective: str = "time") -> Simulation:
-    """Replay ``program`` on ``batch`` samples within ``budget_bytes``; raise if it is invalid."""
+             budget_bytes: int, *, slot_bytes: int = 1, objective: str = "time",
+             runs: Iterable[tuple[int, int]] = ()) -> Simulation:
+    """Replay ``program`` (with its ``runs``) on ``batch`` samples within ``budget_bytes``;
+    raise if it is invalid."""
     inst = model if isinstance(model, Instance) else build_instance(model, objective)
     check_slot_bytes(slot_bytes)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
@@ -113,12 +122,14 @@ def simulate(model: Profile | Instance, program: Program | Iterable[Step], batch
         raise UsageError(f"memory budget must be a whole number of bytes >= 0, got {budget_bytes!r}")
     usable = budget_bytes // slot_bytes * slot_bytes
     steps = _as_steps(program)
+    runs = tuple(runs)
+    run_end = _check_runs(inst, steps, runs)
 
     root = inst.root
     stack = [_Frame(root, [batch] + [0] * root.n, batch)]
-    costs: list[float] = []
-    times: list[float] = []
     needs: list[int] = []
+    in_run = -1  # the last step of the run being replayed (-1: none)
+    run_need_now = 0
     per_unit: dict[str, tuple[list[int], list[int]]] = {n: ([], []) for n in inst.unit_names}
 
     def where(i: int, step: Step) -> str:
@@ -140,14 +151,26 @@ def simulate(model: Profile | Instance, program: Program | Iterable[Step], batch
             raise InvalidProgramError(f"{where(i, step)}: only {waiting} samples wait at the input "
                                       f"of {unit.name!r}")
         held = sum(f.held() for f in stack)
-        extra = top.chain.sizes[pos + 1] * c + (0 if unit.is_block else unit.ws_at(c))
-        need = held + extra
+        node = top.chain.nodes[pos]
+        if i in run_end:  # a run starts: one need for all its steps
+            end = run_end[i]
+            nodes = inst.index.run_nodes(steps, i, end)
+            if any(top.counts[pos + 1:pos + len(nodes)]):
+                raise InvalidProgramError(f"{where(i, step)}: a run starts while samples wait "
+                                          "between its units")
+            in_run, run_need_now = end, held + run_need(nodes, c, run_runtime(nodes[0], step), 0,
+                                                        inst.granule, inst.run_memory)
+        if in_run >= i:
+            need = run_need_now
+        elif unit.is_block:
+            need = held + top.chain.sizes[pos + 1] * c
+        else:
+            runtime = step_runtime(node, step)
+            need = held + node.out_bytes * c + figures(node, runtime, c)[1]  # type: ignore[arg-type]
         if need > usable:
             rounded = f" ({budget_bytes} rounded down to slots of {slot_bytes})" if usable != budget_bytes else ""
             raise InvalidProgramError(f"{where(i, step)}: needs {need} bytes but the budget allows "
                                       f"{usable}{rounded}; {need - usable} bytes over")
-        costs.append(unit.cost_at(c))
-        times.append(unit.time_at(c))
         needs.append(need)
         per_unit[unit.name][0].append(c)
         per_unit[unit.name][1].append(budget_bytes - need)
@@ -164,9 +187,45 @@ def simulate(model: Profile | Instance, program: Program | Iterable[Step], batch
     peak = max(needs, default=0)
     return Simulation(
         batch=batch, budget_bytes=budget_bytes, slot_bytes=slot_bytes, usable_bytes=usable,
-        cost=math.fsum(costs), time_total=math.fsum(times), peak_bytes=peak,
+        cost=inst.pricing.program(steps, runs), time_total=inst.time_pricing.program(steps, runs),
+        peak_bytes=peak,
         peak_slot_bytes=-(-peak // slot_bytes) * slot_bytes, step_need_bytes=tuple(needs),
         units=tuple(UnitUsage(n, tuple(b), tuple(u)) for n, (b, u) in per_unit.items()))
+
+
+def _check_runs(inst: Instance, steps: tuple[Step, ...], runs: tuple[tuple[int, int], ...]
+                ) -> dict[int, int]:
+    """First step -> last step of every run, after checking that each run's steps are the
+    units of consecutive children of one series at one batch size, blocks whole."""
+    out: dict[int, int] = {}
+    last = -1
+    for start, end in runs:
+        if not last < start <= end < len(steps):
+            raise InvalidProgramError(f"run ({start}, {end}): runs must be ordered, disjoint "
+                                      f"[first, last] steps of the program's {len(steps)}")
+        for k in (start, end):
+            if steps[k].unit not in inst.locate:
+                raise InvalidProgramError(f"run ({start}, {end}): no unit {steps[k].unit!r}")
+        nodes = inst.index.run_nodes(steps, start, end)
+        want = [name for node in nodes for name in _whole_names(node)]
+        got = [s.unit for s in steps[start:end + 1]]
+        if got != want or any(s.samples != steps[start].samples for s in steps[start:end + 1]):
+            raise InvalidProgramError(
+                f"run ({start}, {end}): its steps must run {', '.join(want)} once each at one "
+                f"batch size (consecutive children of one series, blocks whole), got {got}")
+        out[start] = end
+        last = end
+    return out
+
+
+def _whole_names(node: Node) -> list[str]:
+    """A node's steps when it runs whole: itself, and a block's branch units in fold order."""
+    names = [node.name]
+    if isinstance(node, Parallel):
+        for b in fold_order(node):
+            for child in node.branches[b].children:
+                names.extend(_whole_names(child))
+    return names
 
 
 def _enter_branch(stack: list[_Frame]) -> None:

@@ -4,9 +4,9 @@ Solvers: ``vbs`` (default; the paper's DP widened, see ``kernel``), ``paper`` (r
 (1)-(3) with the branch collapse, faithfully), ``fbs`` and ``greedy`` (the paper's
 baselines) and ``fbs-best`` (the fastest uniform batch that fits: what a user who tunes
 max_batch_size gets). All five use the one model of memory of ``planner.solver.model`` and
-every plan's claimed cost and peak equal what ``planner.solver.simulate`` finds for its
-program; every plan also carries the executor's exact peak (``planner.solver.layout``), which
-can differ. Plan tables (``planner.solver.table``) are keyed by that executor peak; a direct
+the one model of time of ``planner.solver.pricing``; every plan's claimed cost and peak equal
+what ``planner.solver.simulate`` finds for its program and runs; every plan also carries the
+executor's exact peak (``planner.solver.layout``), which can differ. Plan tables (``planner.solver.table``) are keyed by that executor peak; a direct
 ``solve`` answers under the DP's model, which is what the oracle and simulator check.
 
 Slots. By default a slot is 1/``slot_count`` of the exact bytes the plan "every unit at
@@ -16,13 +16,15 @@ size as the table of the same profile, so ``solve`` and ``PlanTable.lookup`` agr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from planner.errors import InfeasibleError, UsageError
 from planner.solver import baselines
 from planner.solver.dp import ChainTables, RawPlan
 from planner.solver.layout import layout
 from planner.solver.memory import check_slot_bytes, slots_down, slots_up
 from planner.solver.model import Chain, Instance, build_instance, check_batch
-from planner.solver.program import Plan, Program
+from planner.solver.program import Plan, Program, Step
 from planner.tree import Profile
 
 SOLVERS = ("vbs", "paper", "fbs", "fbs-best", "greedy")
@@ -30,13 +32,15 @@ DEFAULT_SLOT_COUNT = 512
 
 
 def all_at_batch_bytes(inst: Instance, b: int) -> int:
-    """Exact peak of the plan that runs every unit once at b samples (the unconstrained plan)."""
-    return baselines.uniform_peak(inst.root, b)
+    """Exact peak of the plan that runs every unit once at b samples (the unconstrained plan),
+    the hungriest way its steps may run."""
+    return max(baselines.uniform_peak(inst.root, b, a) for a in baselines.assignments(inst))
 
 
 def all_at_batch_slots(inst: Instance, b: int, slot_bytes: int) -> int:
     """Slots the DP's accounting (every piece rounded up) gives the all-at-b plan."""
-    return baselines.uniform_slots(inst.root, b, slot_bytes)
+    return max(baselines.uniform_slots(inst.root, b, slot_bytes, a)
+               for a in baselines.assignments(inst))
 
 
 def default_slot_bytes(inst: Instance, slot_count: int = DEFAULT_SLOT_COUNT) -> int:
@@ -66,6 +70,9 @@ def max_need_slots(inst: Instance, r: int, slot_bytes: int) -> int:
                 inner = max([inner] + [bound(br) for br in u.branches])
             else:
                 inner = max(inner, slots_up(max(u.ws[:r]), slot_bytes))
+        if chain.runs is not None:  # a run's need holds its input and output too
+            inner = max([inner] + [slots_up(max(need[:r]), slot_bytes)
+                                   for _, need in chain.runs.spans.values()])
         return slots_up(2 * r * smax, slot_bytes) + r + 2 + inner
     return bound(inst.root)
 
@@ -78,36 +85,30 @@ def instance_of(model: Profile | Instance, objective: str) -> Instance:
     return build_instance(model, objective)
 
 
-def with_layout(inst: Instance, pairs: list[tuple[str, int]], *, solver: str, batch: int,
-                budget: int, slot_bytes: int, cost: float, time: float, peak: int) -> Plan:
-    """A Plan of ``pairs`` with the executor's layout walked (its exact peak and splits)."""
-    program = Program.of(pairs)
+def plan_of(inst: Instance, steps: Sequence[Step], runs: Sequence[tuple[int, int]], *,
+            solver: str, batch: int, budget: int, slot_bytes: int, peak: int) -> Plan:
+    """A Plan of a program with its runs: priced (``planner.solver.pricing``) and laid out as
+    the executor runs it (its exact peak and splits)."""
     if inst.tree is None:
         raise UsageError("this instance was not built from a profile: its tree is needed to lay "
                          "out the executor's memory")
-    lay = layout(inst.tree, program.steps, batch, granule=inst.granule)
+    program = Program(tuple(steps))
+    lay = layout(inst.tree, program.steps, batch, granule=inst.granule, runs=runs,
+                 measured=inst.run_memory)
     return Plan(solver=solver, objective=inst.objective, batch=batch, budget_bytes=budget,
-                slot_bytes=slot_bytes, program=program, cost=cost, time_total=time,
+                slot_bytes=slot_bytes, program=program,
+                cost=inst.pricing.program(program.steps, runs),
+                time_total=inst.time_pricing.program(program.steps, runs),
                 peak_bytes=peak, executor_peak_bytes=lay.peak,
-                splits=tuple((k, tuple(v)) for k, v in lay.splits.items()))
+                splits=tuple((k, tuple(v)) for k, v in lay.splits.items()), runs=tuple(runs))
 
 
-def plan_from_raw(inst: Instance, raw: RawPlan, *, solver: str, batch: int, budget: int,
-                  slot_bytes: int) -> Plan:
-    """A Plan from a DP read-out: the DP's value is the claimed cost."""
+def raw_steps(inst: Instance, raw: RawPlan) -> tuple[Step, ...]:
+    """A DP read-out's steps, each naming its runtime."""
     units = inst.global_units
-    pairs = [(units[g].name, int(c)) for g, c in zip(raw.units.tolist(), raw.samples.tolist())]
-    _, time = baselines.program_costs(inst, pairs)
-    return with_layout(inst, pairs, solver=solver, batch=batch, budget=budget,
-                       slot_bytes=slot_bytes, cost=raw.cost,
-                       time=raw.cost if inst.objective == "time" else time, peak=raw.peak)
-
-
-def plan_from_pairs(inst: Instance, pairs: list[tuple[str, int]], *, solver: str, batch: int,
-                    budget: int, slot_bytes: int, peak: int) -> Plan:
-    cost, time = baselines.program_costs(inst, pairs)
-    return with_layout(inst, pairs, solver=solver, batch=batch, budget=budget,
-                       slot_bytes=slot_bytes, cost=cost, time=time, peak=peak)
+    runtimes = raw.runtimes or ("",) * len(raw.units)
+    return tuple(Step(units[g].name, int(c), r) for g, c, r in
+                 zip(raw.units.tolist(), raw.samples.tolist(), runtimes))
 
 
 def solve(model: Profile | Instance, batch: int, budget_bytes: int, *, solver: str = "vbs",
@@ -127,27 +128,29 @@ def solve(model: Profile | Instance, batch: int, budget_bytes: int, *, solver: s
     m = slots_down(budget_bytes, slot)
     usable = m * slot
     if solver in ("fbs", "fbs-best"):
-        c = (baselines.fbs_batch if solver == "fbs" else baselines.fbs_best_batch)(inst, r, m, slot)
-        if c == 0:
+        chosen = baselines.fbs_choice(inst, r, m, slot, best=solver == "fbs-best")
+        if chosen is None:
             raise baselines.infeasible(solver, r, budget_bytes, usable,
-                                       baselines.fbs_slots(inst, 1, r, slot) * slot)
-        return plan_from_pairs(inst, baselines.fbs_program(inst, c, r), solver=solver, batch=r,
-                               budget=budget_bytes, slot_bytes=slot, peak=baselines.fbs_peak(inst, c, r))
+                                       baselines.least_fbs_bytes(inst, r, slot))
+        c, a = chosen
+        return plan_of(inst, *baselines.fbs_program(inst, c, r, a), solver=solver, batch=r,
+                       budget=budget_bytes, slot_bytes=slot, peak=baselines.fbs_peak(inst, c, r, a))
     if solver == "greedy":
-        units = baselines.greedy_units(inst, r, slot)
-        choice = baselines.greedy_choice(units, m)
-        if choice is None:
-            least = max(gu.need_by_batch[0] for gu in units) * slot
-            raise baselines.infeasible("greedy", r, budget_bytes, usable, least)
-        return plan_from_pairs(inst, baselines.greedy_program(units, choice, r), solver=solver,
-                               batch=r, budget=budget_bytes, slot_bytes=slot,
-                               peak=baselines.greedy_peak(inst, choice, r))
+        found = baselines.greedy_best(inst, r, m, slot)
+        if found is None:
+            raise baselines.infeasible("greedy", r, budget_bytes, usable,
+                                       baselines.least_greedy_bytes(inst, r, slot))
+        units, choice = found
+        return plan_of(inst, *baselines.greedy_program(units, choice, r), solver=solver,
+                       batch=r, budget=budget_bytes, slot_bytes=slot,
+                       peak=baselines.greedy_peak(inst, units, choice, r))
     cap = max_need_slots(inst, r, slot)
     tables = ChainTables(inst, solver, slot, min(m, cap), batch=r)
     raw = tables.plan(r, min(m, cap))
     if raw is None:
         raise _dp_infeasible(inst, solver, r, budget_bytes, slot, usable, cap)
-    return plan_from_raw(inst, raw, solver=solver, batch=r, budget=budget_bytes, slot_bytes=slot)
+    return plan_of(inst, raw_steps(inst, raw), raw.runs, solver=solver, batch=r,
+                   budget=budget_bytes, slot_bytes=slot, peak=raw.peak)
 
 
 def _dp_infeasible(inst: Instance, solver: str, r: int, budget: int, slot: int, usable: int,

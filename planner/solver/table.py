@@ -16,11 +16,11 @@ at or below F, one binary search. A plan picked for F bytes never allocates more
 the table says exactly what it allocates. When no plan of r fits, ``largest_fitting`` gives
 the most samples that do, so a worker splits a batch by the table too.
 
-Unit runtimes (``planner.runtimes``): a profile that measured several gives every candidate
-program in up to three versions, each step on its unit's fastest runtime, on ONNX Runtime
-wherever it takes the unit, and all on torch; each is laid out (its runs found by the walk)
-and timed with its runtimes and runs (``planner.solver.runs.program_time``), and the
-frontier keeps what is best at each peak. A plan's steps name their runtimes.
+Unit runtimes (``planner.runtimes``): every candidate names each step's runtime and its runs
+(the DP's read-out says where it cuts runs; a baseline runs every span ONNX Runtime takes as
+one call, or everything on torch), and is priced with them (``planner.solver.pricing``): the
+time a table claims for a plan is what `vbs solve` says of the same plan and what the
+executor pays.
 
 Serialisation (``to_bytes``/``from_bytes``): zlib-compressed JSON, schema ``vbs.table/3``;
 never pickle. Programs are flat integer lists ``[u0, c0, u1, c1, ...]`` indexing ``units``,
@@ -43,7 +43,6 @@ from typing import Any
 
 import numpy as np
 
-from planner import runtimes as rt
 from planner.errors import InfeasibleError, TableFormatError, UsageError
 from planner.solver import baselines
 from planner.solver.dp import ChainTables
@@ -51,10 +50,9 @@ from planner.solver.layout import Layout, layout
 from planner.solver.memory import check_slot_bytes
 from planner.solver.model import Instance, build_instance
 from planner.solver.program import Plan, Program, Step, program_id
-from planner.solver.runs import TreeIndex, program_time, step_runtime, supports
 from planner.solver.solve import DEFAULT_SLOT_COUNT, SOLVERS, default_slot_bytes, instance_of, \
-    table_slots
-from planner.tree import Layer, Profile
+    raw_steps, table_slots
+from planner.tree import Profile
 
 SCHEMA = "vbs.table/3"
 OLD_SCHEMAS = ("vbs.table/1", "vbs.table/2")
@@ -367,65 +365,55 @@ def _check(table: PlanTable) -> str:
 
 @dataclass(frozen=True)
 class _Candidate:
-    """A program a solver proposes for r samples, with its figures and the solver's rank."""
+    """A program a solver proposes for r samples, with its runs, its figures and the solver's
+    rank (lower is preferred at the same memory)."""
 
-    pairs: tuple[tuple[int, int], ...]  # (global unit index, samples) per step
+    steps: tuple[Step, ...]
+    runs: tuple[tuple[int, int], ...]
     cost: float
     time: float
     model_peak: int
-    rank: float  # lower is preferred at the same memory
+    rank: tuple[float, float]
+    plan_id: str
 
 
 class _Layouts:
-    """Executor layouts of candidate programs, walked once per program and runtimes (shared by
-    solvers), each with its seconds under those runtimes and runs."""
+    """Executor layouts of candidate programs, walked once per program and runs (shared by
+    solvers)."""
 
-    def __init__(self, inst: Instance, names: tuple[str, ...]) -> None:
+    def __init__(self, inst: Instance) -> None:
         if inst.tree is None:
             raise UsageError("a plan table needs the profile's tree to lay out the executor's "
                              "memory: build it from a Profile")
         self.inst = inst
-        self.names = names
-        self.tree = TreeIndex(inst.tree)
-        # the runtime that runs units in runs: its steps are grouped as the walk finds them
-        self.grouping = rt.ONNXRUNTIME if rt.ONNXRUNTIME in inst.runtimes else ""
-        self.done: dict[tuple[int, str], tuple[str, Layout, float]] = {}
+        self.done: dict[tuple[int, str], Layout] = {}
         self.walks = 0
 
-    def assignments(self, pairs: tuple[tuple[int, int], ...]) -> list[tuple[str, ...]]:
-        """The runtimes to try for a program's steps: none named (a profile without
-        runtimes); else each unit's fastest, ONNX Runtime wherever it can, all torch."""
-        if not self.inst.runtimes:
-            return [("",) * len(pairs)]
-        nodes = [(self.tree.nodes[self.names[u]], c) for u, c in pairs]
-        fastest = tuple(step_runtime(n, Step(n.name, c)) for n, c in nodes)
-        out = [fastest]
-        if self.grouping:
-            out.append(tuple(self.grouping if isinstance(n, Layer) and supports(n, self.grouping)
-                             else rt.TORCH for n, _ in nodes))
-        if self.inst.runtime_choice != rt.ONNXRUNTIME:
-            out.append((rt.TORCH,) * len(nodes))
-        return list(dict.fromkeys(out))
-
-    def of(self, r: int, pairs: tuple[tuple[int, int], ...], runtimes: tuple[str, ...]
-           ) -> tuple[str, Layout, float]:
-        """(plan id, layout, seconds) of a program on r samples with these step runtimes."""
-        steps = [Step(self.names[u], c, runtime) for (u, c), runtime in zip(pairs, runtimes)]
-        key = (r, program_id((s.unit, s.samples, s.runtime) for s in steps))
+    def of(self, r: int, cand: _Candidate) -> Layout:
+        key = (r, cand.plan_id)
         found = self.done.get(key)
         if found is None:
-            lay = layout(self.inst.tree, steps, r, granule=self.inst.granule,  # type: ignore[arg-type]
-                         runtime=self.grouping, measured=self.inst.run_memory)
-            named = lay.steps or tuple(steps)
-            seconds = program_time(self.tree, named, lay.runs, self.inst.calls)
-            found = (program_id((s.unit, s.samples, s.runtime) for s in named), lay, seconds)
-            self.done[key] = found
+            found = self.done[key] = layout(self.inst.tree, cand.steps, r,  # type: ignore[arg-type]
+                                            granule=self.inst.granule, runs=cand.runs,
+                                            measured=self.inst.run_inners)
             self.walks += 1
         return found
 
 
-def _candidates(inst: Instance, solver: str, slot: int, M: int,
-                dp: Callable[[str], ChainTables], r: int) -> list[_Candidate]:
+def _candidate(inst: Instance, program: baselines.Program, peak: int, rank: float | None = None
+               ) -> _Candidate:
+    """A program with its runs priced (``planner.solver.pricing``); ranked by its cost, after
+    ``rank`` when given."""
+    steps, runs = program
+    cost = inst.pricing.program(steps, runs)
+    time = cost if inst.objective == "time" else inst.time_pricing.program(steps, runs)
+    return _Candidate(tuple(steps), tuple(runs), cost, time, peak,
+                      (cost if rank is None else rank, cost),
+                      program_id(((s.unit, s.samples, s.runtime) for s in steps), runs))
+
+
+def _candidates(inst: Instance, solver: str, slot: int, M: int, dp: Callable[[str], ChainTables],
+                proposed: Callable[[str, int], list[_Candidate]], r: int) -> list[_Candidate]:
     """The programs ``solver`` proposes for r samples, each with the solver's rank.
 
     vbs proposes the paper's and the baselines' programs too (ranked by cost like its own):
@@ -435,14 +423,6 @@ def _candidates(inst: Instance, solver: str, slot: int, M: int,
     program another strategy found can be the better one at some budgets. So at every budget
     vbs is at least as good as paper, fbs, fbs-best and greedy by the table's own accounting.
     """
-    index = inst.global_index
-    units = inst.global_units
-
-    def of_pairs(pairs: list[tuple[str, int]], peak: int, rank: float | None) -> _Candidate:
-        cost, time = baselines.program_costs(inst, pairs)
-        return _Candidate(tuple((index[u], c) for u, c in pairs), cost, time, peak,
-                          cost if rank is None else rank)
-
     if solver in ("vbs", "paper"):
         tables = dp(solver)
         row = tables.top()[r]
@@ -451,63 +431,53 @@ def _candidates(inst: Instance, solver: str, slot: int, M: int,
         for m in np.nonzero(row < prev)[0].tolist():
             raw = tables.plan(r, m)
             assert raw is not None
-            pairs = tuple(zip(raw.units.tolist(), raw.samples.tolist()))
-            time = (raw.cost if inst.objective == "time"
-                    else math.fsum(units[u].time_at(c) for u, c in pairs))
-            out.append(_Candidate(pairs, raw.cost, time, raw.peak, raw.cost))
+            out.append(_candidate(inst, (raw_steps(inst, raw), raw.runs), raw.peak))
         if solver == "vbs":
-            out += [replace(c, rank=c.cost) for other in ("paper", "fbs", "greedy")
-                    for c in _candidates(inst, other, slot, M, dp, r)]
+            out += [replace(c, rank=(c.cost, c.cost)) for other in ("paper", "fbs", "greedy")
+                    for c in proposed(other, r)]
         return out
     if solver in ("fbs", "fbs-best"):
-        return [of_pairs(baselines.fbs_program(inst, c, r), baselines.fbs_peak(inst, c, r),
-                         -c if solver == "fbs" else None) for c in range(1, r + 1)]
-    greedy = baselines.greedy_units(inst, r, slot)
-    out, last = [], None
-    for m in sorted({n for gu in greedy for n in gu.need_by_batch if n <= M}):
-        choice = baselines.greedy_choice(greedy, m)
-        if choice is None or choice == last:
-            continue
-        last = choice
-        out.append(of_pairs(baselines.greedy_program(greedy, choice, r),
-                            baselines.greedy_peak(inst, choice, r), -m))
+        return [_candidate(inst, baselines.fbs_program(inst, c, r, a),
+                           baselines.fbs_peak(inst, c, r, a), -c if solver == "fbs" else None)
+                for c in range(1, r + 1) for a in baselines.assignments(inst)]
+    out = []
+    for a in baselines.assignments(inst):
+        greedy = baselines.greedy_units(inst, r, slot, a)
+        last = None
+        for m in sorted({n for gu in greedy for n in gu.need_by_batch if n <= M}):
+            choice = baselines.greedy_choice(greedy, m)
+            if choice is None or choice == last:
+                continue
+            last = choice
+            out.append(_candidate(inst, baselines.greedy_program(greedy, choice, r),
+                                  baselines.greedy_peak(inst, greedy, choice, r), -m))
     return out
 
 
 def _frontier(inst: Instance, layouts: _Layouts, r: int, candidates: Iterable[_Candidate],
               add: Callable[[TablePlan], int]) -> TableRow:
-    """The row of r: by ascending executor peak, every candidate ranked above all before it.
-
-    Each candidate is laid out with every runtime assignment ``_Layouts.assignments`` gives;
-    with the time objective, seconds with those runtimes and runs rank before the solver's
-    own rank (its DP cost cannot see runs)."""
-    laid = []
-    for cand in candidates:
-        for runtimes in layouts.assignments(cand.pairs):
-            pid, lay, seconds = layouts.of(r, cand.pairs, runtimes)
-            time = seconds if inst.runtimes else cand.time
-            rank = (time if inst.objective == "time" and inst.runtimes else 0.0, cand.rank)
-            laid.append((lay.peak, rank, pid, lay, cand, time))
-    laid.sort(key=lambda t: (t[0], t[1]))
+    """The row of r: by ascending executor peak, every candidate ranked above all before it."""
+    laid = sorted(((layouts.of(r, cand), cand) for cand in candidates),
+                  key=lambda t: (t[0].peak, t[1].rank))
     peaks: list[int] = []
     plans: list[int] = []
     best: tuple[float, float] = (math.inf, math.inf)
-    n_units = len(layouts.names)
+    n_units = len(inst.global_units)
     names = {name: i for i, name in enumerate(inst.runtimes)}
-    for peak, rank, pid, lay, cand, time in laid:
-        if rank >= best:
+    index = inst.global_index
+    for lay, cand in laid:
+        if cand.rank >= best:
             continue
-        best = rank
-        arr = np.array(cand.pairs, dtype=np.int32).reshape(-1, 2)
+        best = cand.rank
+        arr = np.array([(index[s.unit], s.samples) for s in cand.steps], dtype=np.int32)
         unit_peaks = np.zeros(n_units, dtype=np.int64)
         np.maximum.at(unit_peaks, arr[:, 0], np.asarray(lay.needs, dtype=np.int64))
-        step_rt = (np.array([names[s.runtime] for s in lay.steps], dtype=np.int8)
+        step_rt = (np.array([names[s.runtime] for s in cand.steps], dtype=np.int8)
                    if inst.runtimes else None)
-        cost = time if inst.objective == "time" and inst.runtimes else cand.cost
-        plan = TablePlan(pid, arr[:, 0].copy(), arr[:, 1].copy(), cost, time, peak,
+        plan = TablePlan(cand.plan_id, arr[:, 0].copy(), arr[:, 1].copy(), cand.cost, cand.time, lay.peak,
                          cand.model_peak, tuple((k, tuple(v)) for k, v in lay.splits.items()),
-                         unit_peaks, step_rt, lay.runs if inst.runtimes else ())
-        peaks.append(peak)
+                         unit_peaks, step_rt, cand.runs)
+        peaks.append(lay.peak)
         plans.append(add(plan))
     return TableRow(np.array(peaks, dtype=np.int64), np.array(plans, dtype=np.int64))
 
@@ -526,13 +496,21 @@ def build_tables(model: Profile | Instance, solvers: Sequence[str] = ("vbs",), *
     slot = check_slot_bytes(slot_bytes) if slot_bytes is not None else default_slot_bytes(inst, slot_count)
     M = table_slots(inst, slot)
     names = tuple(u.name for u in inst.global_units)
-    layouts = _Layouts(inst, names)
+    layouts = _Layouts(inst)
     dps: dict[str, ChainTables] = {}
 
     def dp(mode: str) -> ChainTables:
         if mode not in dps:
             dps[mode] = ChainTables(inst, mode, slot, M)
         return dps[mode]
+
+    proposals: dict[tuple[str, int], list[_Candidate]] = {}
+
+    def proposed(solver: str, r: int) -> list[_Candidate]:
+        """What ``solver`` proposes for r samples, made once for every table that uses it."""
+        if (solver, r) not in proposals:
+            proposals[solver, r] = _candidates(inst, solver, slot, M, dp, proposed, r)
+        return proposals[solver, r]
 
     out = {}
     for solver in solvers:
@@ -545,7 +523,7 @@ def build_tables(model: Profile | Instance, solvers: Sequence[str] = ("vbs",), *
                 plans.append(plan)
             return by_id[plan.plan_id]
 
-        rows = tuple(_frontier(inst, layouts, r, _candidates(inst, solver, slot, M, dp, r), add)
+        rows = tuple(_frontier(inst, layouts, r, proposed(solver, r), add)
                      for r in range(1, inst.batch_max + 1))
         out[solver] = PlanTable(fingerprint=inst.fingerprint, solver=solver, objective=objective,
                                 slot_bytes=slot, granule=inst.granule, batch_max=inst.batch_max,

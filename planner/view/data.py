@@ -14,6 +14,7 @@ from typing import Any
 
 from planner.errors import UsageError
 from planner.solver.compare import BASELINE, STRATEGIES, unit_uses
+from planner.solver.runs import plan_shape
 from planner.solver.table import PlanTable
 from planner.tree import Profile, node_to_json
 
@@ -29,6 +30,7 @@ def plan_description(table: PlanTable, index: int, r: int) -> dict[str, Any]:
             "throughput_per_s": r / tp.time_total if tp.time_total > 0 else None,
             "peak_bytes": tp.peak_bytes, "model_peak_bytes": tp.model_peak_bytes,
             "calls": len(tp.runs) or None,  # runtime calls its runs make (None: torch alone)
+            "shape": plan_shape(table.program(index).steps, tp.runs),
             "units": [{"unit": u.name, "batches": list(u.batches), "need_bytes": u.need_bytes,
                        "runtime": "+".join(u.runtimes) or "torch"}
                       for u in unit_uses(table, index)]}

@@ -5,8 +5,12 @@ and the simulator from outside. A state is, for the main chain, how many samples
 each boundary, plus the open phase of a parallel block if any: (block position, phase size,
 current branch, the branch chain's own state, recursively). A move runs one unit on c of the
 samples waiting at its input, or opens a block phase of c samples, exactly as docs/architecture.md's
-model of memory says; Dijkstra over moves gives the least total cost to bring all r samples
-to the output within the budget. Exponential: only for tiny instances (tests).
+model of memory says; where the profile measured ONNX Runtime, a move may also be one call
+of it on c samples through consecutive children of one series (a block whole), with nothing
+waiting between them: it costs its units' times inside the run plus the call (read here from
+the profile's meta, as the executor pays it), and needs what ``run_internal`` says the runtime
+holds inside and the run's output. Dijkstra over moves gives the least total cost to bring all
+r samples to the output within the budget. Exponential: only for tiny instances (tests).
 """
 
 from __future__ import annotations
@@ -15,7 +19,14 @@ import heapq
 import itertools
 import math
 
-from planner.tree import Layer, Parallel, Profile, Series
+from dataclasses import replace
+
+from planner.solver.program import Step
+from planner.solver.runs import run_internal
+from planner.tree import Layer, Measured, Parallel, Profile, Series, fold_order
+
+
+ORT = "onnxruntime"
 
 
 def _flatten(node):
@@ -24,8 +35,73 @@ def _flatten(node):
     return [node]
 
 
+class _Runtimes:
+    """What the profile says of ONNX Runtime: which nodes it takes, their times inside a run,
+    what a call costs, and whether torch may run a unit it takes (``--runtime onnxruntime``
+    keeps such units off torch)."""
+
+    def __init__(self, profile: Profile):
+        info = (profile.meta.get("runtimes") or {}).get(ORT) or {}
+        self.call_s, self.byte_s = info.get("call_s"), info.get("byte_s")
+        self.named = any(layer.runtimes for layer in _layers(profile.root))
+        self.only = profile.meta.get("runtime") == ORT
+
+    def takes(self, node) -> bool:
+        if any(name == ORT for name, _ in node.unsupported):
+            return False
+        if isinstance(node, Layer):
+            return dict(node.runtimes).get(ORT) is not None
+        return all(self.takes(c) for b in node.branches for c in b.children)
+
+    def inside(self, node, c: int) -> float:
+        measured = dict(node.runtimes).get(ORT)
+        total = measured.time[c - 1] if measured is not None else (node.time[c - 1] if node.time else 0.0)
+        if isinstance(node, Parallel):
+            total += sum(self.inside(child, c) for b in node.branches for child in b.children)
+        return total
+
+    def call(self, c: int, in_bytes: int, out_bytes: int) -> float:
+        if not self.call_s:
+            return 0.0
+        return self.call_s[c - 1] + self.byte_s[c - 1] * (in_bytes + out_bytes) * c
+
+    def torch(self, unit: Layer, c: int) -> tuple[float, int] | None:
+        """(time, ws) of a unit's own step on torch (None where it may not run there)."""
+        if not self.named:
+            return unit.time[c - 1], unit.ws[c - 1]
+        if self.only and self.takes(unit):
+            return None
+        measured = dict(unit.runtimes).get("torch")
+        return (measured.time[c - 1], measured.ws[c - 1]) if measured is not None else \
+            (unit.time[c - 1], unit.ws[c - 1])
+
+
+def _layers(node):
+    if isinstance(node, Layer):
+        yield node
+    elif isinstance(node, Series):
+        for child in node.children:
+            yield from _layers(child)
+    else:
+        for branch in node.branches:
+            yield from _layers(branch)
+
+
+def _series_of(node, owner=None, out=None):
+    """Every node's series and position in it."""
+    out = {} if out is None else out
+    if isinstance(node, Series):
+        for i, child in enumerate(node.children):
+            out[child.name] = (id(node), i)
+            _series_of(child, node, out)
+    elif isinstance(node, Parallel):
+        for branch in node.branches:
+            _series_of(branch, node, out)
+    return out
+
+
 class _Chain:
-    def __init__(self, node, is_branch: bool):
+    def __init__(self, node, is_branch: bool, rts: _Runtimes | None = None, where=None):
         self.units = _flatten(node)
         n = len(self.units)
         if n:
@@ -39,8 +115,19 @@ class _Chain:
             self.sizes[0] = 0
             if n and isinstance(self.units[-1], Layer):
                 self.sizes[-1] = 0
-        self.branches = [[_Chain(b, True) for b in u.branches] if isinstance(u, Parallel) else None
-                         for u in self.units]
+        self.branches = [[_Chain(b, True, rts, where) for b in u.branches]
+                         if isinstance(u, Parallel) else None for u in self.units]
+        self.rts = rts
+        # the spans ONNX Runtime runs as one call: consecutive children of one series it takes
+        self.spans = []
+        if rts is not None and rts.named and rts.call_s is not None:
+            for i, first in enumerate(self.units):
+                for j in range(i, n):
+                    node = self.units[j]
+                    if where[node.name] != (where[first.name][0], where[first.name][1] + j - i) \
+                            or not rts.takes(node):
+                        break
+                    self.spans.append((i, j))
 
 
 def _cost(unit, c: int, objective: str) -> float:
@@ -74,16 +161,35 @@ def _moves(chain: _Chain, state, outside: int, budget: int, objective: str):
     counts, open_ = state
     held = outside + _held(chain, counts)
     if open_ is None:
+        for i, j in chain.spans:
+            if any(counts[i + 1:j + 1]):
+                continue  # a run's units take what the one before made, nothing else
+            nodes = chain.units[i:j + 1]
+            for c in range(1, counts[i] + 1):
+                need = held + run_internal(nodes, c, ORT) + nodes[-1].out_bytes * c
+                if need > budget:
+                    continue
+                new = list(counts)
+                new[i] -= c
+                new[j + 1] += c
+                cost = (sum(chain.rts.inside(u, c) for u in nodes)
+                        + chain.rts.call(c, nodes[0].in_bytes, nodes[-1].out_bytes))
+                yield cost, ("run", tuple(u.name for u in nodes), c), (tuple(new), None)
         for pos, unit in enumerate(chain.units):
             for c in range(1, counts[pos] + 1):
                 if isinstance(unit, Layer):
-                    need = held + unit.ws[c - 1] + chain.run_out[pos] * c
+                    own = chain.rts.torch(unit, c) if chain.rts is not None else \
+                        (unit.time[c - 1], unit.ws[c - 1])
+                    if own is None:
+                        continue
+                    need = held + own[1] + chain.run_out[pos] * c
                     if need > budget:
                         continue
                     new = list(counts)
                     new[pos] -= c
                     new[pos + 1] += c
-                    yield _cost(unit, c, objective), (unit.name, c), (tuple(new), None)
+                    cost = own[0] if objective == "time" else _cost(unit, c, objective)
+                    yield cost, (unit.name, c), (tuple(new), None)
                 else:
                     need = held + chain.sizes[pos + 1] * c
                     if need > budget:
@@ -102,8 +208,12 @@ def _moves(chain: _Chain, state, outside: int, budget: int, objective: str):
 
 
 def oracle(profile: Profile, r: int, budget: int, objective: str = "time"):
-    """(least cost, program as [(unit, c), ...]) or (inf, None) when nothing fits."""
-    root = _Chain(profile.root, False)
+    """(least cost, moves) or (inf, None) when nothing fits; a move is (unit, c), or
+    ("run", unit names, c) for one ONNX Runtime call."""
+    rts = _Runtimes(profile)
+    if objective != "time":
+        rts.call_s = None  # the energy objective prices no calls: no runs
+    root = _Chain(profile.root, False, rts, _series_of(profile.root))
     start = _start(root, r)
     goal = (tuple([0] * len(root.units) + [r]), None)
     tie = itertools.count()
@@ -210,7 +320,81 @@ def strategies():
         budget = draw(st.integers(0, 24))
         return profile, r, budget
 
-    return small_chain, small_tree
+    @st.composite
+    def with_onnxruntime(draw, base):
+        """A case of ``base`` whose units ONNX Runtime also measured (most of them: some it
+        does not take), with a cost of a call, and the runtime choice auto or onnxruntime."""
+        profile, r, budget = draw(base)
+        B = profile.batch_max
+
+        def ints(lo, hi, n=B):
+            return tuple(draw(st.integers(lo, hi)) for _ in range(n))
+
+        def layer(node: Layer) -> Layer:
+            torch = Measured(node.time, node.ws)
+            if draw(st.integers(0, 4)) == 0:
+                return replace(node, runtimes=(("torch", torch),), runtime=("torch",) * B,
+                               unsupported=((ORT, "not exported"),))
+            ort = Measured(tuple(float(t) for t in ints(1, 9)), ints(0, 4))
+            chosen = tuple(ORT if ort.time[b] < torch.time[b] else "torch" for b in range(B))
+            pick = {ORT: ort, "torch": torch}
+            return replace(node, time=tuple(pick[c].time[b] for b, c in enumerate(chosen)),
+                           ws=tuple(pick[c].ws[b] for b, c in enumerate(chosen)),
+                           runtimes=(("torch", torch), (ORT, ort)), runtime=chosen)
+
+        def visit(node):
+            if isinstance(node, Layer):
+                return layer(node)
+            if isinstance(node, Series):
+                return replace(node, children=tuple(visit(c) for c in node.children))
+            block = replace(node, branches=tuple(visit(b) for b in node.branches))
+            runtimes = ((ORT, Measured(tuple(float(t) for t in ints(0, 2)))),) \
+                if all(dict(u.runtimes).get(ORT) for u in _layers(block)) else ()
+            return replace(block, runtimes=runtimes)
+
+        meta = {"runtime": draw(st.sampled_from(["auto", "auto", ORT])),
+                "runtimes": {ORT: {"version": "test",
+                                   "call_s": [float(v) for v in ints(0, 6)],
+                                   "byte_s": [draw(st.sampled_from([0.0, 0.5, 1.0]))
+                                              for _ in range(B)]}}}
+        return Profile(batch_max=B, root=visit(profile.root), meta=meta), r, budget + \
+            draw(st.integers(0, 12))
+
+    return small_chain, small_tree, with_onnxruntime
+
+
+def oracle_program(profile: Profile, moves) -> tuple[list[Step], list[tuple[int, int]]]:
+    """The oracle's moves as a program's steps and runs (a run: every unit it holds, blocks
+    whole, named for ONNX Runtime)."""
+    nodes = {n.name: n for n in _all_nodes(profile.root)}
+    own = "torch" if _Runtimes(profile).named else ""  # a unit's own step
+    steps: list[Step] = []
+    runs: list[tuple[int, int]] = []
+    for move in moves:
+        if move[0] != "run":
+            steps.append(Step(move[0], move[1], own))
+            continue
+        start = len(steps)
+        for name in move[1]:
+            _whole(nodes[name], move[2], steps)
+        runs.append((start, len(steps) - 1))
+    return steps, runs
+
+
+def _whole(node, c: int, steps: list[Step]) -> None:
+    steps.append(Step(node.name, c, ORT))
+    if isinstance(node, Parallel):
+        for b in fold_order(node):
+            for child in node.branches[b].children:
+                _whole(child, c, steps)
+
+
+def _all_nodes(node):
+    yield node
+    children = node.children if isinstance(node, Series) else \
+        node.branches if isinstance(node, Parallel) else ()
+    for child in children:
+        yield from _all_nodes(child)
 
 
 def _layers_of(nodes):

@@ -7,10 +7,12 @@ import math
 
 import pytest
 
-from planner.errors import TableFormatError
+from planner.errors import InvalidProgramError, TableFormatError
 from planner.solver.layout import account, layout
+from planner.solver.pricing import Pricing
 from planner.solver.program import Step
-from planner.solver.runs import CallCost, TreeIndex, program_time, run_internal
+from planner.solver.runs import CallCost, TreeIndex, run_internal
+from planner.solver.simulate import simulate
 from planner.solver.table import PlanTable, build_table
 from planner.tree import Layer, Measured, Parallel, Profile, Series
 
@@ -41,43 +43,32 @@ def steps(*pairs: tuple[str, int] | tuple[str, int, str]) -> list[Step]:
     return [Step(*p) for p in pairs]  # type: ignore[arg-type]
 
 
-def runs_of(tree: Series, program: list[Step], r: int) -> tuple[tuple[int, int], ...]:
-    return layout(tree, program, r, runtime=ORT).runs
+def test_the_walk_runs_the_runs_a_plan_gives_it() -> None:
+    program = steps(("A", 2, ORT), ("B", 2, ORT), ("C", 2, ORT))
+    assert layout(CHAIN, program, 2, runs=((0, 2),)).runs == ((0, 2),)
+    # cut after A: two calls; the walk does not fuse them again
+    cut = layout(CHAIN, program, 2, runs=((0, 0), (1, 2)))
+    assert cut.runs == ((0, 0), (1, 2))
+    whole = layout(CHAIN, program, 2, runs=((0, 2),))
+    # one call holds what it holds inside and C's output from its start; cut, A needs less
+    assert cut.needs[0] < whole.needs[0] and cut.peak <= whole.peak
 
 
-def test_a_uniform_program_is_one_run_and_names_its_runtime() -> None:
-    lay = layout(CHAIN, steps(("A", 2), ("B", 2), ("C", 2)), 2, runtime=ORT)
-    assert lay.runs == ((0, 2),)
-    assert [s.runtime for s in lay.steps] == [ORT] * 3
-
-
-def test_a_run_ends_where_the_batch_changes_or_samples_wait() -> None:
-    # the paper's phases: A on 2, B on 1 twice, C on 2: four calls
-    assert runs_of(CHAIN, steps(("A", 2), ("B", 1), ("B", 1), ("C", 2)), 2) == \
-        ((0, 0), (1, 1), (2, 2), (3, 3))
-    # A and B on one sample at a time: A's output is all B takes, nothing waits between
-    assert runs_of(CHAIN, steps(("A", 1), ("B", 1), ("A", 1), ("B", 1), ("C", 2)), 2) == \
-        ((0, 1), (2, 3), (4, 4))
-    # the second A's sample must not go straight on: B takes the older one waiting first
-    assert runs_of(CHAIN, steps(("A", 1), ("A", 1), ("B", 1), ("B", 1), ("C", 2)), 2) == \
-        ((0, 0), (1, 1), (2, 2), (3, 3), (4, 4))
-
-
-def test_a_torch_step_is_not_in_any_run() -> None:
-    lay = layout(CHAIN, steps(("A", 2), ("B", 2, TORCH), ("C", 2)), 2, runtime=ORT)
-    assert lay.runs == ((0, 0), (2, 2))
-    assert [s.runtime for s in lay.steps] == [ORT, TORCH, ORT]
-
-
-def test_a_block_run_whole_is_part_of_the_run() -> None:
-    whole = steps(("stem", 2), ("blk", 2), ("a1", 2), ("head", 2))
-    lay = layout(BLOCK, whole, 2, runtime=ORT)
-    assert lay.runs == ((0, 3),) and [s.runtime for s in lay.steps] == [ORT] * 4
-    # its branch on one sample at a time: the block's phase is the walk's (torch folds)
-    split = steps(("stem", 2), ("blk", 2), ("a1", 1), ("a1", 1), ("head", 2))
-    lay = layout(BLOCK, split, 2, runtime=ORT)
-    assert lay.runs == ((0, 0), (2, 2), (3, 3), (4, 4))
-    assert lay.steps[1].runtime == TORCH
+def test_the_simulator_refuses_a_run_that_is_not_one() -> None:
+    profile = Profile(batch_max=B, root=BLOCK, meta={"runtimes": {ORT: {
+        "call_s": [1.0] * B, "byte_s": [0.0] * B}}})
+    ok = steps(("stem", 2, ORT), ("blk", 2, ORT), ("a1", 2, ORT), ("head", 2, ORT))
+    assert simulate(profile, ok, 2, 10**6, runs=((0, 3),)).time_total == 3.0 + 0.0 + 1.0
+    with pytest.raises(InvalidProgramError, match="once each at one batch size"):
+        simulate(profile, ok, 2, 10**6, runs=((0, 1),))  # a block not whole
+    mixed = steps(("stem", 1, ORT), ("stem", 1, ORT), ("blk", 2, ORT), ("a1", 2, ORT),
+                  ("head", 2, ORT))
+    with pytest.raises(InvalidProgramError, match="once each at one batch size"):
+        simulate(profile, mixed, 2, 10**6, runs=((1, 4),))
+    waits = steps(("stem", 1, ORT), ("stem", 1, ORT), ("blk", 1, ORT), ("a1", 1, ORT),
+                  ("blk", 1, ORT), ("a1", 1, ORT), ("head", 2, ORT))
+    with pytest.raises(InvalidProgramError, match="wait between its units"):
+        simulate(profile, waits, 2, 10**6, runs=((1, 3),))  # a sample of stem's waits at blk
 
 
 def test_what_a_run_holds_inside_its_runtime_and_what_the_executor_allocates() -> None:
@@ -98,18 +89,19 @@ def test_what_a_run_holds_inside_its_runtime_and_what_the_executor_allocates() -
 
 
 def test_time_of_runs_and_single_calls() -> None:
-    tree = TreeIndex(CHAIN)
+    price = Pricing(TreeIndex(CHAIN), COST)
     one = steps(("A", 2, ORT), ("B", 2, ORT), ("C", 2, ORT))
     # one call: the units' times inside it, and the call's cost for 1 byte in and 1 out a sample
-    assert program_time(tree, one, ((0, 2),), COST) == 3 * 1.0 + 10.0 + 0.25 * 2 * (1 + 1)
-    # three calls: each unit pays a call
-    assert program_time(tree, one, ((0, 0), (1, 1), (2, 2)), COST) == 3 * (1.0 + 10.0 + 0.25 * 4)
+    assert price.program(one, ((0, 2),)) == 3 * 1.0 + 10.0 + 0.25 * 2 * (1 + 1)
+    assert price.run(CHAIN.children, ORT, 2) == price.program(one, ((0, 2),))
+    # three calls: each unit pays a call; a step on ONNX Runtime outside a run is a call too
+    assert price.program(one, ((0, 0), (1, 1), (2, 2))) == 3 * (1.0 + 10.0 + 0.25 * 4)
+    assert price.program(one, ()) == price.program(one, ((0, 0), (1, 1), (2, 2)))
     # on torch: its own times, no call cost
-    assert program_time(tree, steps(("A", 2, TORCH), ("B", 2, TORCH), ("C", 2, TORCH)), (),
-                        COST) == 9.0
+    assert price.program(steps(("A", 2, TORCH), ("B", 2, TORCH), ("C", 2, TORCH)), ()) == 9.0
     # a block run whole costs its join's time inside the run; else the walk's folds
     whole = steps(("stem", 2, ORT), ("blk", 2, ORT), ("a1", 2, ORT), ("head", 2, ORT))
-    assert program_time(TreeIndex(BLOCK), whole, ((0, 3),), COST) == 3.0 + 0.0 + 10.0 + 0.25 * 8
+    assert Pricing(TreeIndex(BLOCK), COST).program(whole, ((0, 3),)) == 3.0 + 0.0 + 10.0 + 0.25 * 8
 
 
 def _profile() -> Profile:
@@ -126,10 +118,12 @@ def test_tables_name_every_step_s_runtime_and_keep_torch_where_it_needs_less() -
     top = table.plans_for(4)[-1][1]
     assert {s.runtime for s in top.program.steps} == {ORT} and top.runs == ((0, 1),)
     assert math.isclose(top.time_total, 2e-3 + 1e-3)  # one call
-    # the least memory: torch's units need no workspace, ONNX Runtime's do
+    # the least memory: B on torch, which needs no workspace (ONNX Runtime's does), A on
+    # ONNX Runtime, as fast and within the same peak; each call priced
     least = table.plans_for(4)[0][1]
-    assert {s.runtime for s in least.program.steps} == {TORCH} and least.runs == ()
+    assert [s.runtime for s in least.program.steps] == [ORT, TORCH] and least.runs == ((0, 0),)
     assert least.executor_peak_bytes < top.executor_peak_bytes
+    assert math.isclose(least.time_total, (1e-3 + 1e-3) + 3e-3)
     again = PlanTable.from_bytes(table.to_bytes())
     assert again.runtimes == table.runtimes
     for k in range(len(table.plans)):

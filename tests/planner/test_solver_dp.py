@@ -21,7 +21,7 @@ from planner.tree import profile_from_json
 from tests.planner.oracle import chain_profile, strategies
 from tests.planner.test_solver_oracle import SETTINGS
 
-small_chain, small_tree = strategies()
+small_chain, small_tree, with_onnxruntime = strategies()
 
 
 @settings(max_examples=150, **SETTINGS)

@@ -3,7 +3,9 @@
 For each instance: oracle <= vbs <= paper; vbs is feasible wherever paper is; vbs is never
 worse than the baselines; every returned program is valid in the simulator, within the
 budget, and its claimed cost and peak equal the simulator's. Sizes are small integers and
-slots are 1 byte, so every comparison is exact.
+slots are 1 byte, so every comparison is exact. The same on instances whose units ONNX
+Runtime measured too, in the model that runs: every call and every cut priced, the oracle
+searching every schedule of steps and calls.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from hypothesis import strategies as st
 from planner.errors import InfeasibleError
 from planner.solver.simulate import simulate
 from planner.solver.solve import solve
-from tests.planner.oracle import chain_profile, oracle, strategies
+from tests.planner.oracle import chain_profile, oracle, oracle_program, strategies
 
-small_chain, small_tree = strategies()
+small_chain, small_tree, with_onnxruntime = strategies()
 SETTINGS = dict(derandomize=True, deadline=None, database=None, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.filter_too_much])
@@ -32,7 +34,7 @@ def checked(profile, r, budget, solver, slot=1):
         plan = solve(profile, r, budget, solver=solver, slot_bytes=slot)
     except InfeasibleError:
         return math.inf
-    sim = simulate(profile, plan.program, r, budget, slot_bytes=slot)
+    sim = simulate(profile, plan.program, r, budget, slot_bytes=slot, runs=plan.runs)
     assert plan.cost == pytest.approx(sim.cost, rel=TOL, abs=TOL)
     assert plan.time_total == pytest.approx(sim.time_total, rel=TOL, abs=TOL)
     assert plan.peak_bytes == sim.peak_bytes <= budget // slot * slot
@@ -42,10 +44,10 @@ def checked(profile, r, budget, solver, slot=1):
 def check_against_oracle(profile, r, budget, slot=1):
     """With slot > 1 the solvers round every piece up, so the oracle (exact bytes within the
     budget rounded down to slots) may only be better; the solvers still compare exactly."""
-    best, program = oracle(profile, r, budget // slot * slot)
-    if program is not None:  # the oracle's own schedule is valid and costs what it says
-        steps = [{"unit": u, "samples": c} for u, c in program]
-        assert simulate(profile, steps, r, budget).cost == pytest.approx(best)
+    best, moves = oracle(profile, r, budget // slot * slot)
+    if moves is not None:  # the oracle's own schedule is valid and costs what it says
+        steps, runs = oracle_program(profile, moves)
+        assert simulate(profile, steps, r, budget, runs=runs).cost == pytest.approx(best)
     vbs = checked(profile, r, budget, "vbs", slot)
     paper = checked(profile, r, budget, "paper", slot)
     fbs = checked(profile, r, budget, "fbs", slot)
@@ -80,8 +82,21 @@ def test_trees_with_blocks_against_the_oracle(case):
     check_against_oracle(*case)
 
 
+@settings(max_examples=1500, **SETTINGS)
+@given(with_onnxruntime(small_chain(max_units=4, max_batch=4)))
+def test_priced_chains_against_the_oracle(case):
+    check_against_oracle(*case)
+
+
+@settings(max_examples=500, **SETTINGS)
+@given(with_onnxruntime(small_tree(max_layers=4, max_batch=3)))
+def test_priced_trees_with_blocks_against_the_oracle(case):
+    check_against_oracle(*case)
+
+
 @settings(max_examples=400, **SETTINGS)
-@given(st.one_of(small_chain(), small_tree()), st.integers(2, 3))
+@given(st.one_of(small_chain(), small_tree(), with_onnxruntime(small_chain(max_units=4))),
+       st.integers(2, 3))
 def test_coarse_slots_stay_within_budget_and_ordered(case, slot):
     profile, r, budget = case
     check_against_oracle(profile, r, budget, slot)

@@ -114,10 +114,10 @@ def test_fbs_best_is_the_fastest_uniform_batch_that_fits_and_fbs_the_largest(tab
     for r in range(1, 7):
         uniform = {}
         for c in range(1, r + 1):
-            pairs = baselines.fbs_program(inst, c, r)
-            program = Program.of(pairs)
-            uniform[c] = (layout(PROFILE.root, program.steps, r).peak,
-                          baselines.program_costs(inst, pairs)[0], program.plan_id)
+            steps, runs = baselines.fbs_program(inst, c, r)
+            program = Program(steps)
+            uniform[c] = (layout(PROFILE.root, steps, r, runs=runs).peak,
+                          inst.pricing.program(steps, runs), program.plan_id)
         for free in _budgets(tables, r):
             fit = {c: v for c, v in uniform.items() if v[0] <= free}
             if not fit:

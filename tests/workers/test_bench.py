@@ -39,11 +39,13 @@ def test_bench_json_rows_and_outputs(tmp_path, capsys) -> None:
             assert row["time_per_sample_measured"] > 0
     assert any(r["runtimes"] and "onnxruntime" in r["runtimes"] for r in rows)
     # One accounting: the sweep starts where fbs-best runs one sample at a time, so the first
-    # budget is feasible for fbs-best and vbs; at the top every strategy but greedy runs.
+    # budget is feasible for fbs-best and vbs; at the top every uniform batch runs and vbs.
+    # (The paper's and greedy's layer-by-layer plans may need more there: each of their units
+    # is a call of its own, which holds its input and output beside what ONNX Runtime holds.)
     low = [r for r in rows if r["memory_budget"] == min(x["memory_budget"] for x in rows)]
     assert {r["strategy"] for r in low if r["feasible"]} >= {"vbs", "fbs-best", "fbs"}
     top = [r for r in rows if r["memory_budget"] == max(x["memory_budget"] for x in rows)]
-    assert all(r["feasible"] for r in top if r["strategy"] != "greedy")
+    assert all(r["feasible"] for r in top if r["strategy"] in ("vbs", "fbs", "fbs-best"))
     for row in top:
         if row["strategy"] == "vbs":
             assert row["gain_over_fbs_best"] is not None and row["gain_over_fbs"] is not None
@@ -55,7 +57,8 @@ def test_bench_json_rows_and_outputs(tmp_path, capsys) -> None:
 def test_budget_specs() -> None:
     assert parse_budgets("1MB:3MB:1MB", 0, 0) == [1_000_000, 2_000_000, 3_000_000]
     assert parse_budgets("10KiB,20KiB", 0, 0) == [10240, 20480]
-    assert parse_budgets("auto:3", 100, 300) == [100, 200, 300]
-    for bad in ("1MB:2MB", "3MB:1MB:1MB", "auto:1"):
+    assert parse_budgets("auto:3", 100, 400) == [100, 200, 400]  # even on a log scale
+    assert len(parse_budgets("auto", 100, 400)) == 10
+    for bad in ("1MB:2MB", "3MB:1MB:1MB", "auto:1", "auto:x"):
         with pytest.raises(UsageError):
             parse_budgets(bad, 0, 10)

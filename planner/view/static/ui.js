@@ -245,6 +245,7 @@
         feasible: true, solver: s, plan_id: p.plan_id, time_total_s: p.time_total_s,
         time_per_sample_s: p.time_per_sample_s, throughput_per_s: p.throughput_per_s,
         peak_bytes: p.peak_bytes, model_peak_bytes: p.model_peak_bytes, calls: p.calls,
+        shape: p.shape,
         breakpoint_bytes: p.peak_bytes, unused_bytes: budget - p.peak_bytes,
         units: p.units.map(([u, batches, need, runtime]) => ({
           unit: strategy.units[u], batches, need_bytes: need, unused_bytes: budget - need,
@@ -471,6 +472,10 @@
           `allocates ${fmtBytes(plan.peak_bytes)} of the ${fmtBytes(answer.memory_budget)} budget` +
           (plan.calls ? `; its runs make ${plan.calls} ONNX Runtime call${plan.calls > 1 ? 's' : ''}` : '') +
           (gain ? `; ${gain.toFixed(2)}× as fast as ${answer.baseline}.` : '.'));
+        if (plan.calls) {
+          headline.append(el('br'), 'What each call runs (first..last unit: batch sizes): ',
+                          el('code', {'data-role': 'runs', text: plan.shape}));
+        }
       } else {
         headline.append(el('strong', {'data-role': 'infeasible',
                                       text: `No ${served} plan fits: ${plan.reason}`}));

@@ -1,0 +1,106 @@
+"""What a plan costs when it runs: the one model of time (and of any additive objective).
+
+The DP, the simulator, the baselines, the table, `vbs solve`, `vbs show`, /plan and the page
+all price a plan here, so one plan has one predicted time everywhere, and it is what the
+executor pays (DESIGN.md, "The solver"):
+
+- a step the executor runs itself (torch): its unit's time at that batch size; a block's
+  phase outside any run costs its folds (torch's);
+- a run (steps one runtime call executes, ``planner.solver.runs``): every unit's time
+  inside the run and every whole block's join, plus one call of that runtime
+  (``CallCost``: fixed, and by the bytes it takes and gives, which is what cutting a fused
+  run costs: the runtime's layout is left and re-entered at the cut);
+- a step on such a runtime outside any run is a run of one.
+
+A profile that names no runtime costs (a hand-written chain, the paper's example) pays no
+calls: its plans cost the sum of their steps, as in the paper. The energy objective sums the
+units' energies (their counters measure calls too).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from planner import runtimes as rt
+from planner.solver.program import Step
+from planner.solver.runs import CallCost, TreeIndex, figures, run_runtime, step_runtime
+from planner.tree import Layer, Node, Parallel, fold_order
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """Prices steps, runs and programs of one profile's tree for one objective."""
+
+    tree: TreeIndex
+    calls: Mapping[str, CallCost]
+    objective: str = "time"
+    _inside: dict[tuple[str, str, int], float] = field(default_factory=dict, compare=False,
+                                                       repr=False)
+
+    def call(self, runtime: str, c: int, in_bytes: int, out_bytes: int) -> float:
+        """One call of ``runtime`` on c samples beyond its units (0 where none is measured)."""
+        cost = self.calls.get(runtime) if self.objective == "time" else None
+        return cost.of(c, in_bytes, out_bytes) if cost is not None else 0.0
+
+    def inside(self, node: Node, runtime: str, c: int) -> float:
+        """A unit's cost at c samples on ``runtime`` without a call; a block's: its join's
+        (inside a run of that runtime, else torch's folds)."""
+        key = (node.name, runtime, c)
+        found = self._inside.get(key)
+        if found is None:
+            found = self._inside[key] = self._inside_of(node, runtime, c)
+        return found
+
+    def _inside_of(self, node: Node, runtime: str, c: int) -> float:
+        if self.objective != "time":
+            values = node.energy  # type: ignore[union-attr]
+            return float(values[c - 1]) if values else 0.0
+        if isinstance(node, Layer):
+            return figures(node, runtime, c)[0]
+        assert isinstance(node, Parallel)
+        measured = node.measured(runtime) if runtime != rt.TORCH else None
+        if measured is not None:
+            return measured.time[c - 1]
+        return node.time[c - 1] if node.time else 0.0
+
+    def step(self, node: Node, runtime: str, c: int) -> float:
+        """A step outside any run: a unit on ``runtime`` (a call of its own where that runtime
+        has one), or a block's phase (the executor's folds)."""
+        if isinstance(node, Layer):
+            return self.inside(node, runtime, c) + self.call(runtime, c, node.in_bytes,
+                                                             node.out_bytes)
+        return self.inside(node, rt.TORCH, c)
+
+    def run(self, nodes: Sequence[Node], runtime: str, c: int) -> float:
+        """A run of consecutive children of one series at c samples, blocks whole: every unit
+        inside it, every block's join, one call."""
+        parts = [self.call(runtime, c, nodes[0].in_bytes, nodes[-1].out_bytes)]  # type: ignore[union-attr]
+        stack = list(reversed(nodes))
+        while stack:
+            node = stack.pop()
+            parts.append(self.inside(node, runtime, c))
+            if isinstance(node, Parallel):
+                for b in reversed(fold_order(node)):
+                    stack.extend(reversed(node.branches[b].children))
+        return math.fsum(parts)
+
+    def program(self, steps: Sequence[Step], runs: Sequence[tuple[int, int]]) -> float:
+        """A program with its runs (first step, last step): see the module's doc."""
+        parts = []
+        in_run: dict[int, str] = {}
+        for start, end in runs:
+            nodes = self.tree.run_nodes(steps, start, end)
+            runtime = run_runtime(nodes[0], steps[start])
+            parts.append(self.call(runtime, steps[start].samples, nodes[0].in_bytes,  # type: ignore[union-attr]
+                                   nodes[-1].out_bytes))  # type: ignore[union-attr]
+            for k in range(start, end + 1):
+                in_run[k] = runtime
+        for k, s in enumerate(steps):
+            node = self.tree.nodes[s.unit]
+            if k in in_run:
+                parts.append(self.inside(node, in_run[k], s.samples))
+            else:
+                parts.append(self.step(node, step_runtime(node, s), s.samples))
+        return math.fsum(parts)

@@ -1,0 +1,157 @@
+"""One model of time: the DP prices plans as the executor pays them, calls and cuts included,
+and `vbs solve`, the table and the simulator give one predicted time for one plan."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from planner.errors import InfeasibleError
+from planner.solver import baselines
+from planner.solver.dp import ChainTables
+from planner.solver.model import build_instance
+from planner.solver.simulate import simulate
+from planner.solver.solve import default_slot_bytes, plan_of, raw_steps, solve, table_slots
+from planner.solver.synthetic import chain_like, googlenet_like, resnet50_like, with_onnxruntime
+from planner.solver.table import build_tables
+from planner.tree import Layer, Measured, Profile, Series, profile_to_json
+
+ORT, TORCH = "onnxruntime", "torch"
+REL = 1e-12
+
+PROFILES = {
+    "googlenet": lambda: with_onnxruntime(googlenet_like(6, seed=2), seed=1),
+    "resnet50": lambda: with_onnxruntime(resnet50_like(6, seed=2), seed=1),
+    "chain": lambda: with_onnxruntime(chain_like(16, 6, seed=2), seed=1),
+    "onnxruntime only": lambda: with_onnxruntime(resnet50_like(4, seed=3), seed=2,
+                                                 choice=ORT),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(PROFILES))
+def case(request):
+    profile = PROFILES[request.param]()
+    return profile, build_tables(profile, ("vbs", "paper", "fbs", "fbs-best", "greedy"))
+
+
+def test_the_dp_s_value_is_what_its_plan_costs_when_it_runs(case):
+    """At every budget where the DP's optimum changes, the program it reads out, priced with
+    its runs (as the executor pays), costs exactly the DP's value, and the simulator agrees."""
+    profile, _ = case
+    inst = build_instance(profile, count_request=False)
+    slot = default_slot_bytes(inst)
+    M = table_slots(inst, slot)
+    multi = 0
+    for mode in ("vbs", "paper"):
+        tables = ChainTables(inst, mode, slot, M)
+        for r in (1, 3, inst.batch_max):
+            row = tables.top()[r]
+            changes = np.nonzero(row < np.concatenate(([np.inf], row[:-1])))[0].tolist()
+            assert changes, f"{mode} has no plan of {r}"
+            for m in changes:
+                raw = tables.plan(r, m)
+                steps = raw_steps(inst, raw)
+                assert inst.pricing.program(steps, raw.runs) == pytest.approx(raw.cost, rel=REL)
+                sim = simulate(inst, steps, r, m * slot, slot_bytes=slot, runs=raw.runs)
+                assert sim.peak_bytes == raw.peak and sim.cost == pytest.approx(raw.cost, rel=REL)
+                multi += any(b > a for a, b in raw.runs) and len({s.samples for s in steps}) > 1
+    assert multi, "the DP never chose runs of several units beside other batch sizes"
+
+
+def test_every_table_plan_has_the_time_solve_gives_the_same_plan(case):
+    """The table's predicted time of each of its plans is what `vbs solve` (``plan_of``, the
+    path of every direct solve) says of that program and runs, and what pricing says."""
+    profile, tables = case
+    inst = build_instance(profile, count_request=False)
+    for solver, table in tables.items():
+        for r in range(1, table.batch_max + 1):
+            for peak, plan in table.plans_for(r):
+                again = plan_of(inst, plan.program.steps, plan.runs, solver=solver, batch=r,
+                                budget=peak, slot_bytes=table.slot_bytes, peak=0)
+                assert again.time_total == plan.time_total
+                assert again.cost == plan.cost
+                assert again.executor_peak_bytes == plan.executor_peak_bytes == peak
+                assert math.isclose(inst.time_pricing.program(plan.program.steps, plan.runs),
+                                    plan.time_total, rel_tol=REL)
+
+
+def test_vbs_is_never_slower_than_a_baseline_at_any_budget(case):
+    _, tables = case
+    vbs = tables["vbs"]
+    for r in range(1, vbs.batch_max + 1):
+        budgets = sorted({int(p) for t in tables.values() for p in t.row(r).peaks})
+        for free in budgets:
+            mine = vbs.lookup(r, free).time_total
+            for other in ("paper", "fbs", "fbs-best", "greedy"):
+                try:
+                    theirs = tables[other].lookup(r, free).time_total
+                except InfeasibleError:
+                    continue
+                assert mine <= theirs * (1 + REL), (r, free, other)
+
+
+def test_fbs_best_runs_the_model_as_one_call_per_phase_where_the_runtime_takes_it():
+    profile = with_onnxruntime(chain_like(8, 4, seed=5), seed=3)
+    inst = build_instance(profile, count_request=False)
+    taken = [k for k, node in enumerate(inst.root.nodes) if node.measured(ORT) is not None]
+    steps, runs = baselines.fbs_program(inst, 2, 4, "runs")
+    assert [s.samples for s in steps] == [2] * 16
+    # every longest span ONNX Runtime takes is one call per phase; the rest on torch
+    spans = baselines._segments(inst.root, "runs")
+    assert len(runs) == 2 * sum(1 for _, j in spans if j >= 0)
+    assert all(s.runtime == ORT for k, s in enumerate(steps) if k % 8 in taken)
+    assert all(s.runtime == TORCH for k, s in enumerate(steps) if k % 8 not in taken)
+
+
+def _two_stage(B: int = 8) -> Profile:
+    """Early units that hold a lot and gain nothing from a batch; late units that hold little
+    and run twice as fast per sample on a batch: the paper's effect, on fast kernels."""
+    def unit(name: str, size_in: int, size_out: int, per_sample: float, batch_gain: bool) -> Layer:
+        t = tuple(per_sample * (b if not batch_gain else 0.5 * b + 0.5) for b in range(1, B + 1))
+        ws = tuple(0 for _ in range(B))
+        torch = Measured(tuple(3 * v for v in t), ws)
+        ort = Measured(t, ws)
+        return Layer(name, size_in, size_out, time=t, ws=ws, runtimes=((TORCH, torch), (ORT, ort)),
+                     runtime=(ORT,) * B)
+    root = Series("net", (unit("e1", 100, 1000, 1.0, False), unit("e2", 1000, 1000, 1.0, False),
+                          unit("e3", 1000, 10, 1.0, False), unit("l1", 10, 10, 1.0, True),
+                          unit("l2", 10, 10, 1.0, True), unit("l3", 10, 1, 1.0, True)))
+    meta = {"runtime": "auto", "runtimes": {ORT: {"call_s": [2.0] * B, "byte_s": [0.0] * B}}}
+    return Profile(batch_max=B, root=root, meta=meta)
+
+
+def test_a_plan_of_two_runs_beats_every_uniform_batch_at_a_tight_budget():
+    """Early units on one sample at a time (one call each), late units on all 8 (one call):
+    faster than the uniform batch that fits, and than cutting at every unit."""
+    profile = _two_stage()
+    inst = build_instance(profile, count_request=False)
+    budget = 3500  # one sample through the early units (2010 bytes), not two (4000 cut, 4020 whole)
+    plan = solve(inst, 8, budget, slot_bytes=1)
+    fbs = solve(inst, 8, budget, solver="fbs-best", slot_bytes=1)
+    assert [(s.unit, s.samples) for s in plan.program.steps] == \
+        [(u, 1) for _ in range(8) for u in ("e1", "e2", "e3")] + [(u, 8) for u in ("l1", "l2", "l3")]
+    assert plan.runs == tuple((3 * k, 3 * k + 2) for k in range(8)) + ((24, 26),)
+    # 8 calls of 3 early units, 1 call of the 3 late ones on 8 samples
+    assert plan.time_total == pytest.approx(8 * (3.0 + 2.0) + (3 * 4.5 + 2.0))
+    assert fbs.time_total == pytest.approx(8 * (6.0 + 2.0))
+    assert plan.time_total < fbs.time_total
+
+
+def test_vbs_solve_prints_the_plan_with_its_runs_and_the_time_the_table_gives(tmp_path):
+    profile = _two_stage()
+    path = tmp_path / "two.json"
+    path.write_text(json.dumps(profile_to_json(profile)))
+    out = subprocess.run([sys.executable, "-m", "planner.cli_solve", "--profile", str(path),
+                          "--memory", "3500", "--batch", "8", "--slot-bytes", "1", "--json"],
+                         capture_output=True, text=True, check=True)
+    got = json.loads(out.stdout)
+    assert got["runs"] == [[3 * k, 3 * k + 2] for k in range(8)] + [[24, 26]]
+    assert got["calls"] == 9
+    inst = build_instance(profile)
+    steps = solve(inst, 8, 3500, slot_bytes=1).program.steps
+    assert got["time_total"] == inst.time_pricing.program(steps, [tuple(r) for r in got["runs"]])
