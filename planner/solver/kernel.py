@@ -277,6 +277,17 @@ def _xval(T, E, bslots, RC, RN, toff, eoff, boff, roff, n, i, j, b, m, B1, M1, m
     return best, arg, c1best, d1best
 
 
+@njit(cache=True, inline="always")
+def _record(out_kind, out_unit, out_last, out_samples, out_need, nrec, kind, first, last, b, need):
+    """Write record ``nrec``; returns the next record's index."""
+    out_kind[nrec] = kind
+    out_unit[nrec] = first
+    out_last[nrec] = last
+    out_samples[nrec] = b
+    out_need[nrec] = need
+    return nrec + 1
+
+
 @njit(cache=True)
 def reconstruct(T, EX, E, RC, RN, RB, chain_n, chain_toff, chain_eoff, chain_boff, chain_uoff,
                 chain_soff, chain_roff, bslots, sizes, unit_block, unit_ws, unit_base, unit_boff,
@@ -363,14 +374,9 @@ def reconstruct(T, EX, E, RC, RN, RB, chain_n, chain_toff, chain_eoff, chain_bof
                                  B1, M1, mode)
             if k == RUN:
                 need = off + RB[roff + tri(n, i, j) * B1 + b]
-                out_kind[nrec] = SPAN
-                out_unit[nrec] = chain_uoff[c] + i
-                out_last[nrec] = chain_uoff[c] + j
-                out_samples[nrec] = b
-                out_need[nrec] = need
-                nrec += 1
-                if need > peak:
-                    peak = need
+                nrec = _record(out_kind, out_unit, out_last, out_samples, out_need, nrec, SPAN,
+                               chain_uoff[c] + i, chain_uoff[c] + j, b, need)
+                peak = max(peak, need)
                 continue
             if i == j:
                 st_kind[sp] = _UNIT; st_c[sp] = c; st_i[sp] = i; st_j[sp] = i
@@ -424,28 +430,18 @@ def reconstruct(T, EX, E, RC, RN, RB, chain_n, chain_toff, chain_eoff, chain_bof
             r1 = roff + tri(n, i, i) * B1 + b
             if m >= RN[r1] and RC[r1] < E[eoff + (i * B1 + b) * M1 + m]:  # its own call
                 need = off + RB[r1]
-                out_kind[nrec] = SPAN
-                out_unit[nrec] = chain_uoff[c] + i
-                out_last[nrec] = chain_uoff[c] + i
-                out_samples[nrec] = b
-                out_need[nrec] = need
-                nrec += 1
-                if need > peak:
-                    peak = need
+                nrec = _record(out_kind, out_unit, out_last, out_samples, out_need, nrec, SPAN,
+                               chain_uoff[c] + i, chain_uoff[c] + i, b, need)
+                peak = max(peak, need)
                 continue
             g = chain_uoff[c] + i
             s_in = sizes[soff + i]
             s_out = sizes[soff + i + 1]
-            out_kind[nrec] = STEP
-            out_unit[nrec] = g
-            out_last[nrec] = g
-            out_samples[nrec] = b
+            need = off + (s_in + s_out) * b + (0 if unit_block[g] else unit_ws[g, b])
+            nrec = _record(out_kind, out_unit, out_last, out_samples, out_need, nrec, STEP, g, g,
+                           b, need)
+            peak = max(peak, need)
             if unit_block[g]:
-                need = off + (s_in + s_out) * b
-                out_need[nrec] = need
-                nrec += 1
-                if need > peak:
-                    peak = need
                 mb = m - unit_base[g, b]
                 # branches run in order: push them last-first
                 for a in range(unit_bcnt[g] - 1, -1, -1):
@@ -455,10 +451,4 @@ def reconstruct(T, EX, E, RC, RN, RB, chain_n, chain_toff, chain_eoff, chain_bof
                     st_kind[sp] = _OPT; st_c[sp] = bc; st_i[sp] = 0; st_j[sp] = chain_n[bc] - 1
                     st_b[sp] = b; st_m[sp] = mb; st_off[sp] = need
                     sp += 1
-            else:
-                need = off + (s_in + s_out) * b + unit_ws[g, b]
-                out_need[nrec] = need
-                nrec += 1
-                if need > peak:
-                    peak = need
     return nrec, peak

@@ -142,7 +142,7 @@ def with_onnxruntime(profile: Profile, seed: int = 0, *, choice: str = "auto") -
     the bytes in and out (the shape ``planner.profiling.ort`` fits)."""
     import dataclasses
 
-    from planner.tree import Layer, Measured, Parallel, Series
+    from planner.tree import Layer, Measured, Parallel, Series, iter_layers
 
     rng = random.Random(seed)
     B = profile.batch_max
@@ -170,7 +170,7 @@ def with_onnxruntime(profile: Profile, seed: int = 0, *, choice: str = "auto") -
             return dataclasses.replace(node, children=tuple(visit(c) for c in node.children))
         assert isinstance(node, Parallel)
         block = dataclasses.replace(node, branches=tuple(visit(b) for b in node.branches))
-        inner = [u for b in block.branches for u in _units(b)]
+        inner = [u for b in block.branches for u in iter_layers(b)]
         takes = all(dict(u.runtimes).get(ort) for u in inner)
         return dataclasses.replace(block, runtimes=((ort, Measured(tuple(
             round(t * 0.5, 9) for t in block.time))),) if takes else ())
@@ -184,8 +184,3 @@ def with_onnxruntime(profile: Profile, seed: int = 0, *, choice: str = "auto") -
     meta["fingerprint"] = f"{profile.fingerprint}-ort-{seed}-{choice}"
     return Profile(batch_max=B, root=visit(profile.root), meta=meta)
 
-
-def _units(node):  # type: ignore[no-untyped-def]
-    from planner.tree import iter_layers
-
-    return list(iter_layers(node))

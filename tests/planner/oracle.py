@@ -23,7 +23,8 @@ from dataclasses import replace
 
 from planner.solver.program import Step
 from planner.solver.runs import run_internal
-from planner.tree import Layer, Measured, Parallel, Profile, Series, fold_order
+from planner.tree import Layer, Measured, Parallel, Profile, Series, fold_order, iter_layers, \
+    iter_nodes
 
 
 ORT = "onnxruntime"
@@ -43,7 +44,7 @@ class _Runtimes:
     def __init__(self, profile: Profile):
         info = (profile.meta.get("runtimes") or {}).get(ORT) or {}
         self.call_s, self.byte_s = info.get("call_s"), info.get("byte_s")
-        self.named = any(layer.runtimes for layer in _layers(profile.root))
+        self.named = any(layer.runtimes for layer in iter_layers(profile.root))
         self.only = profile.meta.get("runtime") == ORT
 
     def takes(self, node) -> bool:
@@ -74,17 +75,6 @@ class _Runtimes:
         measured = dict(unit.runtimes).get("torch")
         return (measured.time[c - 1], measured.ws[c - 1]) if measured is not None else \
             (unit.time[c - 1], unit.ws[c - 1])
-
-
-def _layers(node):
-    if isinstance(node, Layer):
-        yield node
-    elif isinstance(node, Series):
-        for child in node.children:
-            yield from _layers(child)
-    else:
-        for branch in node.branches:
-            yield from _layers(branch)
 
 
 def _series_of(node, owner=None, out=None):
@@ -349,7 +339,7 @@ def strategies():
                 return replace(node, children=tuple(visit(c) for c in node.children))
             block = replace(node, branches=tuple(visit(b) for b in node.branches))
             runtimes = ((ORT, Measured(tuple(float(t) for t in ints(0, 2)))),) \
-                if all(dict(u.runtimes).get(ORT) for u in _layers(block)) else ()
+                if all(dict(u.runtimes).get(ORT) for u in iter_layers(block)) else ()
             return replace(block, runtimes=runtimes)
 
         meta = {"runtime": draw(st.sampled_from(["auto", "auto", ORT])),
@@ -366,7 +356,7 @@ def strategies():
 def oracle_program(profile: Profile, moves) -> tuple[list[Step], list[tuple[int, int]]]:
     """The oracle's moves as a program's steps and runs (a run: every unit it holds, blocks
     whole, named for ONNX Runtime)."""
-    nodes = {n.name: n for n in _all_nodes(profile.root)}
+    nodes = {n.name: n for n in iter_nodes(profile.root)}
     own = "torch" if _Runtimes(profile).named else ""  # a unit's own step
     steps: list[Step] = []
     runs: list[tuple[int, int]] = []
@@ -387,14 +377,6 @@ def _whole(node, c: int, steps: list[Step]) -> None:
         for b in fold_order(node):
             for child in node.branches[b].children:
                 _whole(child, c, steps)
-
-
-def _all_nodes(node):
-    yield node
-    children = node.children if isinstance(node, Series) else \
-        node.branches if isinstance(node, Parallel) else ()
-    for child in children:
-        yield from _all_nodes(child)
 
 
 def _layers_of(nodes):
