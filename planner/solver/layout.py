@@ -250,6 +250,9 @@ def walk(backend: Backend[H], root: Series, steps: Iterable[Step], x: H, samples
         step = steps[k]
         nodes = index.run_nodes(steps, k, end)
         last = position + len(nodes) - 1
+        if any(chain.boundaries[position + 1:last + 1]):  # it would overtake them
+            raise InvalidProgramError(f"step {k}: its run ({k}, {end}) starts while samples wait "
+                                      "between its units")
         take = _take(backend, chain, position, step.samples, seen)
         out = backend.run_many(nodes, take.tensor, step.samples, run_runtime(nodes[0], step))
         _finish(backend, take)

@@ -140,10 +140,10 @@ class Instance:
         cid, pos = self.locate[name]
         return self.chains[cid].units[pos]
 
-    @cached_property
+    @property
     def index(self) -> TreeIndex:
         assert self.tree is not None
-        return TreeIndex(self.tree)
+        return TreeIndex.of(self.tree)
 
     @cached_property
     def pricing(self) -> Pricing:
@@ -153,7 +153,7 @@ class Instance:
     @cached_property
     def time_pricing(self) -> Pricing:
         """Seconds of steps, runs and programs, whatever the objective."""
-        return Pricing(self.index, self.calls, "time")
+        return self.pricing if self.objective == "time" else Pricing(self.index, self.calls, "time")
 
     @cached_property
     def depth(self) -> int:
@@ -211,7 +211,7 @@ def build_instance(profile: Profile, objective: str = "time", *, count_request: 
     grouping = rt.ONNXRUNTIME if rt.ONNXRUNTIME in kinds and objective == "time" else ""
     run_memory = {key: ws for r in kinds for key, ws in measured_runs(profile, r).items()
                   if len(ws) == B}
-    index = TreeIndex(profile.root)
+    index = TreeIndex.of(profile.root)
     runs = _Runs(index, Pricing(index, calls, objective), grouping, profile.granule, run_memory,
                  B) if grouping else None
 

@@ -54,6 +54,14 @@ def test_the_walk_runs_the_runs_a_plan_gives_it() -> None:
     assert cut.needs[0] < whole.needs[0] and cut.peak <= whole.peak
 
 
+def test_the_walk_refuses_a_run_that_would_overtake_samples_waiting_inside_it() -> None:
+    # B has run one sample; a call of B..C on the other would pass it on the way to C
+    program = steps(("A", 2, ORT), ("B", 1, ORT), ("B", 1, ORT), ("C", 1, ORT), ("C", 1, ORT))
+    with pytest.raises(InvalidProgramError, match="wait between its units"):
+        account(CHAIN, program, 2, runs={0: 0, 1: 1, 2: 3, 4: 4})
+    assert account(CHAIN, program, 2, runs={0: 0, 1: 1, 2: 2, 3: 3, 4: 4}).peak > 0
+
+
 def test_the_simulator_refuses_a_run_that_is_not_one() -> None:
     profile = Profile(batch_max=B, root=BLOCK, meta={"runtimes": {ORT: {
         "call_s": [1.0] * B, "byte_s": [0.0] * B}}})
