@@ -168,10 +168,11 @@ def bring_up(stack: Stack, state: Path) -> None:
     started = time.monotonic()
     stack.compose("--progress", "plain", "build", timeout=BUILD_TIMEOUT_S, log=state / "build.log")
     t["build_s"] = round(time.monotonic() - started, 1)
-    image = stack.config()["services"]["worker"]["image"]
-    t["image"] = image
-    t["image_bytes"] = int(stack.engine.docker("image", "inspect", image, "--format",
-                                               "{{.Size}}").stdout)
+    services = stack.config()["services"]
+    image = t["image"] = services["worker"]["image"]
+    t["image_bytes"], t["redis_image_bytes"], t["base_image_bytes"] = (
+        int(stack.engine.docker("image", "inspect", name, "--format", "{{.Size}}").stdout)
+        for name in (image, services["redis"]["image"], stack.env["VBS_OFFLINE_BASE_IMAGE"]))
     t["torch_in_image"] = stack.engine.docker(
         "run", "--rm", "--entrypoint", "python", image, "-c",
         "import torch, torchvision; print(torch.__version__, torchvision.__version__)").stdout.strip()
