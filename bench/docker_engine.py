@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,6 +128,14 @@ def find_or_start(state: Path) -> Engine:
     return running(state) or start(state)
 
 
+def wait_for_signal() -> None:
+    """Block until SIGINT (Ctrl-C) or SIGTERM, so that a caller can clean up after either."""
+    stopped = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopped.set())
+    stopped.wait()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--state", type=Path, default=Path("out/compose"),
@@ -137,10 +146,8 @@ def main() -> int:
     if engine.process is None:
         print("(an engine was already running there; nothing to stop)")
         return 0
-    try:
-        engine.process.wait()
-    except KeyboardInterrupt:
-        engine.stop()
+    wait_for_signal()
+    engine.stop()
     return 0
 
 

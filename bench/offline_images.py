@@ -31,7 +31,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench.docker_engine import Engine, find_or_start
+from bench.docker_engine import Engine, find_or_start, wait_for_signal
 
 REPO = Path(__file__).resolve().parents[1]
 BASE_IMAGE = "vbs-offline/debian-python:bookworm"  # the default of compose.offline.yaml
@@ -186,10 +186,7 @@ def main() -> int:
               "then: docker compose -f compose.yaml -f compose.offline.yaml up --build "
               "(Ctrl-C here stops the index" + (" and the engine)" if engine.process else ")"),
               flush=True)
-        try:
-            threading.Event().wait()
-        except KeyboardInterrupt:
-            pass
+        wait_for_signal()
     engine.stop()
     return 0
 
