@@ -86,6 +86,23 @@ gpu: $(if $(filter cpu,$(DEVICE)),$(STAMP))
 	$(PYTHON) bench/gpu/launch.py --device $(DEVICE) $(if $(QUICK),--quick) --step $(STEP) \
 	  --deadline-s $(GPU_DEADLINE_S)
 
+# `docker compose up`, really (tests/deploy/test_compose_stack.py; docs/operations.md, "Docker
+# compose"): installs Debian's Docker Engine and debootstrap, starts a private dockerd unless one
+# runs (its files under COMPOSE_STATE), builds the images as compose.offline.yaml says (no image
+# registry is reachable here), runs the stack with a password, talks to it, takes it down.
+# Root; 10-20 minutes; about 20 GB under COMPOSE_STATE. From a clean state: rm -rf out/compose.
+COMPOSE_STATE ?= out/compose
+.PHONY: compose-test docker-engine
+
+docker-engine:
+	@command -v dockerd >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1 || { \
+	  echo "installing docker.io and debootstrap"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap) >/dev/null; }
+
+compose-test: $(STAMP) docker-engine
+	VBS_COMPOSE_TEST=1 VBS_COMPOSE_STATE=$(abspath $(COMPOSE_STATE)) \
+	  $(BIN)/pytest -q -s -p no:cacheprovider -m compose tests/deploy/test_compose_stack.py
+
 # Serves MODEL on CPU at http://127.0.0.1:8000 with the embedded plan store (no Redis): the
 # first start profiles and plans the model (a minute or so), later starts read the table.
 run: $(STAMP)

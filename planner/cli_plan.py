@@ -68,7 +68,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             others = ", ".join(f"{s} {len(t.plans)}" for s, t in prepared.tables.items()
                                if s != table.solver)
             print(f"{served}: table {prepared.table_id} (r = 1..{table.batch_max}, "
-                  f"{len(table.plans)} plans; also {others}) {how} at {settings.store_location}")
+                  f"{len(table.plans)} plans; also {others}) {how} at {store.location}")
             for line in runtime_lines(prepared.profile):
                 print(line)
     finally:

@@ -114,6 +114,7 @@ def serve_settings(args: argparse.Namespace) -> Any:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from planner.models import ModelSpec, load_model
+    from planner.store import printable_location
     from service.grpc_server import run as run_server
     from service.main import create_app
     from service.protocol import HttpProtocol
@@ -129,7 +130,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     log.info("serving %s on http://%s:%d%s (store %s)", ", ".join(settings.models),
              settings.host, settings.port,
              f" and gRPC port {settings.grpc_port}" if settings.grpc_port else "",
-             settings.store_location)
+             printable_location(settings.store_location))
     run_server(create_app(settings), host=settings.host, port=settings.port, http=HttpProtocol,
                log_level=args.log_level, access_log=settings.access_log,
                timeout_graceful_shutdown=int(settings.request_timeout_s) + 5)

@@ -36,7 +36,7 @@ from planner.errors import StoreError, TableFormatError, UsageError, VbsError
 from planner.models import ModelSpec
 from planner.settings import Settings
 from planner.solver.table import PlanTable
-from planner.store import Backoff, PlanStore, open_async_store, open_store
+from planner.store import Backoff, PlanStore, open_async_store, open_store, printable_location
 from planner.store.base import AsyncPlanStore
 from planner.store.keys import table_id
 from service.batcher import Batcher
@@ -325,7 +325,7 @@ class Registry:
         while True:
             started = time.monotonic()
             log.info("%s: loading %s (%d of %d) with tables from %s", entry.name, entry.spec.name,
-                     i, total, self.settings.store_location)
+                     i, total, printable_location(self.settings.store_location))
             heartbeat = asyncio.create_task(self._heartbeat(entry, started))
             try:
                 await loop.run_in_executor(executor, self._prepare, entry)

@@ -9,7 +9,7 @@ unix:// URL, or a directory. See ``base`` for the interface, ``keys`` for the ke
 from planner.store.backoff import Backoff
 from planner.store.base import (AsyncPlanStore, PlanStore, StoredTable, TableAnnouncement,
                                 TableInfo, TableWatch)
-from planner.store.factory import open_async_store, open_store
+from planner.store.factory import open_async_store, open_store, printable_location
 from planner.store.keys import CHANNEL, NAMESPACE
 from planner.store.local import AsyncLocalStore, LocalStore
 
@@ -17,7 +17,7 @@ __all__ = [
     "CHANNEL", "NAMESPACE", "AsyncLocalStore", "AsyncPlanStore", "AsyncRedisStore", "Backoff",
     "LocalStore", "PlanStore", "RedisStore", "StoredTable", "TableAnnouncement", "TableInfo",
     "TableWatch",
-    "open_async_store", "open_store",
+    "open_async_store", "open_store", "printable_location",
 ]
 
 

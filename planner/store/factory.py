@@ -9,6 +9,7 @@ import os
 
 from planner.errors import StoreError
 from planner.store.base import AsyncPlanStore, PlanStore
+from planner.store.keys import mask_url
 from planner.store.local import DEFAULT_POLL_INTERVAL, AsyncLocalStore, LocalStore
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
@@ -26,6 +27,13 @@ def _kind(location: str | os.PathLike[str]) -> str:
         raise StoreError(f"plan store {text.split('://', 1)[0]}://... is not supported: use "
                          "redis://, rediss://, unix:// or a directory path")
     return "local"
+
+
+def printable_location(location: str | os.PathLike[str]) -> str:
+    """The location as logs and messages show it: a Redis URL with its password masked (the
+    password must not reach `docker compose logs` or a log collector)."""
+    text = os.fspath(location).strip()
+    return mask_url(text) if _kind(text) == "redis" else text
 
 
 def open_store(location: str | os.PathLike[str]) -> PlanStore:

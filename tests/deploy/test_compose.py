@@ -170,3 +170,24 @@ def test_compose_config_merges_the_gpu_override() -> None:
         assert service["build"]["dockerfile"] == "docker/Dockerfile.cuda"
         devices = service["deploy"]["resources"]["reservations"]["devices"]
         assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
+
+
+def test_compose_config_merges_the_offline_override_into_build_arguments_only() -> None:
+    """compose.offline.yaml substitutes base images and torch's index through build arguments
+    and image names; every service runs as compose.yaml says, from the same Dockerfile."""
+    env = {"REDIS_PASSWORD": "0123abcd"}
+    base = compose_config("compose.yaml", env=env)
+    offline = compose_config("compose.yaml", "compose.offline.yaml", env=env)
+    assert offline.returncode == 0, offline.stderr
+    plain, changed = (json.loads(done.stdout)["services"] for done in (base, offline))
+    for name in ("redis", "planner", "worker"):
+        assert changed[name]["image"].startswith("vbs-offline/") or \
+            changed[name]["image"].endswith("-offline"), changed[name]["image"]
+        keep = {k: v for k, v in plain[name].items() if k not in ("image", "build")}
+        assert {k: v for k, v in changed[name].items() if k in keep} == keep, name
+        assert changed[name]["build"]["network"] == "host"
+    for name in ("planner", "worker"):
+        build = changed[name]["build"]
+        assert build["dockerfile"] == plain[name]["build"]["dockerfile"] == "docker/Dockerfile.cpu"
+        assert set(build["args"]) == {"PYTHON_IMAGE", "TORCH_INDEX_URL"}
+        assert build["args"]["TORCH_INDEX_URL"].startswith("http://127.0.0.1:")

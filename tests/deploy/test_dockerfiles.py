@@ -119,6 +119,14 @@ def test_multi_stage_from_pinned_slim_python_311(instructions: list[Instruction]
                    for i in runtime), "no pip install in the runtime stage: it copies the venv"
 
 
+def test_pulls_nothing_but_its_base_images(flavour: str) -> None:
+    """A `# syntax=` directive makes BuildKit pull a frontend image from Docker Hub before the
+    build starts: offline builds (compose.offline.yaml, `make compose-test`) cannot."""
+    directives = [line for line in DOCKERFILES[flavour].read_text().splitlines()
+                  if re.match(r"#\s*syntax\s*=", line, flags=re.IGNORECASE)]
+    assert not directives, f"{DOCKERFILES[flavour].name}: {directives[0]}"
+
+
 def test_runs_as_a_non_root_numeric_user(instructions: list[Instruction]) -> None:
     users = [i.args for i in final_stage(instructions) if i.keyword == "USER"]
     assert users, "the runtime stage sets no USER"

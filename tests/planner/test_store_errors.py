@@ -17,7 +17,7 @@ import pytest
 from planner.errors import StoreError, TableNotFoundError
 from planner.settings import Settings
 from planner.store import (AsyncLocalStore, AsyncRedisStore, LocalStore, RedisStore,
-                           open_async_store, open_store)
+                           open_async_store, open_store, printable_location)
 from planner.store.keys import mask_url
 
 
@@ -243,3 +243,13 @@ def test_settings_store_location_opens_a_local_store(tmp_path: Path) -> None:
 ])
 def test_mask_url(url: str, shown: str) -> None:
     assert mask_url(url) == shown
+
+
+@pytest.mark.parametrize("location, shown", [
+    (" redis://:pw@redis:6379/0 ", "redis://:***@redis:6379/0"),
+    ("unix:///run/redis.sock?password=pw", "unix:///run/redis.sock?password=***"),
+    ("/var/cache/vbs/store", "/var/cache/vbs/store"),
+])
+def test_printable_location_masks_redis_passwords_only(location: str, shown: str) -> None:
+    """What `vbs serve` and `vbs plan` log as their store (docker compose logs show it)."""
+    assert printable_location(location) == shown
