@@ -81,7 +81,8 @@ def bench(cases: list[tuple[str, Profile]] | None = None, solvers: tuple[str, ..
             M = table_slots(inst, slot)
             for solver in solvers:
                 dp_s, tables = _time(lambda: ChainTables(inst, solver, slot, M))
-                mbytes = (tables.T.nbytes + tables.E.nbytes) / 1e6  # type: ignore[attr-defined]
+                mbytes = sum(a.nbytes for a in (tables.T, tables.E, tables.EX, tables.RC,  # type: ignore[attr-defined]
+                                                tables.RN, tables.RB)) / 1e6  # type: ignore[attr-defined]
                 del tables
                 table_s, table = _time(lambda: build_table(inst, solver=solver, slot_bytes=slot))
                 dp_times.setdefault((name, solver), []).append(dp_s)
