@@ -2,7 +2,7 @@
 
 The DP, the simulator, the baselines, the table, `vbs solve`, `vbs show`, /plan and the page
 all price a plan here, so one plan has one predicted time everywhere, and it is what the
-executor pays (DESIGN.md, "The solver"):
+executor pays (docs/architecture.md, "One model of time"):
 
 - a step the executor runs itself (torch): its unit's time at that batch size; a block's
   phase outside any run costs its folds (torch's);
