@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,9 +56,19 @@ class LoadedModel:
         return x.to(device=self.device, dtype=self.torch_dtype)
 
 
+ONEDNN_CACHE = 8192  # primitives: every unit's kernels at every batch size of a profile
+
+
 def apply_threads(threads: int) -> None:
     """torch's intra-op threads (0 = leave torch's default). The count is part of a CPU
-    profile's fingerprint, so planner and workers must agree on it to share tables."""
+    profile's fingerprint, so planner and workers must agree on it to share tables.
+
+    Also oneDNN's primitive cache, read when torch's first CPU kernel runs: at its default
+    (1024) a profile going round-robin over the batch sizes, or plans running units at many
+    sub-batch sizes, evict each other's primitives and every call builds its own again, so
+    a unit at one sample measures several times what it costs served. A capacity the user
+    set (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``) is kept."""
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_CACHE))
     if threads:
         torch.set_num_threads(threads)
 

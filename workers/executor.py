@@ -12,7 +12,9 @@ A uniform program (every unit at the whole request: every plan of one sample, an
 on torch runs through the reference runner, which allocates what the walk would, without
 its bookkeeping. Steps on ONNX Runtime run as the plan's runs, one session call each
 (``planner.runtimes.onnxrt``), reading the walk's take and writing a buffer the walk
-allocated, so the walk's accounting of activations holds for them too.
+allocated, so the walk's accounting of activations holds for them too. Gathers and splits
+between those calls copy on the CPU without torch's intra-op threads (``_copy``): torch's
+OpenMP threads spin for a while after a parallel copy and take the cores from the next call.
 Runs under ``torch.inference_mode``; CPU and CUDA; float32, float16, bfloat16.
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from planner.errors import ExecutionError, OutOfMemoryError
@@ -33,6 +36,19 @@ from planner.tree import Layer, Node, Parallel
 
 if TYPE_CHECKING:  # onnxruntime is imported only where a plan uses it
     from planner.runtimes.onnxrt import OrtUnits
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)``; on the CPU a plain memory copy on this thread (numpy's), so that
+    torch's OpenMP pool, woken by a parallel copy, is not left spinning on the cores while the
+    next ONNX Runtime call runs."""
+    if dst.device.type == "cpu" and dst.dtype in _NUMPY and src.dtype == dst.dtype:
+        np.copyto(dst.numpy(), src.numpy())
+    else:
+        dst.copy_(src)
+
+
+_NUMPY = (torch.float32, torch.float16, torch.float64)
 
 
 class TorchBackend:
@@ -81,7 +97,7 @@ class TorchBackend:
 
     def copy(self, dst: torch.Tensor, dst_start: int, src: torch.Tensor, src_start: int,
              samples: int) -> None:
-        dst.narrow(0, dst_start, samples).copy_(src.narrow(0, src_start, samples))
+        _copy(dst.narrow(0, dst_start, samples), src.narrow(0, src_start, samples))
 
     def open_join(self, block: Parallel, fork: torch.Tensor, samples: int) -> torch.Tensor:
         return self.capture.joins[block.name].empty(fork, samples)
@@ -104,7 +120,7 @@ class TorchBackend:
         pieces, start = [], 0
         for n in sizes:
             piece = self.gather(producer, n)
-            piece.copy_(chunk.narrow(0, start, n))
+            _copy(piece, chunk.narrow(0, start, n))
             pieces.append(piece)
             start += n
         return pieces

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -147,3 +148,17 @@ def test_cuda_profile_measures_workspace(tmp_path) -> None:
     cap = capture(load_model(ModelSpec("resnet18", device="cuda")))
     profile, _ = cached_profile(cap, ProfileOptions(batch_max=4, repeats=3), tmp_path, progress=False)
     assert profile.meta["cudnn"] and all(len(l.time) == 4 for l in iter_layers(profile.root))
+
+
+def test_onednn_keeps_every_primitive_a_profile_builds_unless_the_user_says(monkeypatch):
+    """oneDNN reads its cache capacity when torch's first CPU kernel runs: apply_threads sets it
+    (a profile's round-robin over 16 batch sizes evicts the default 1024 primitives), and
+    keeps a capacity the user set."""
+    from planner.models import ONEDNN_CACHE, apply_threads
+
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    apply_threads(0)
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(ONEDNN_CACHE)
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
+    apply_threads(0)
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "64"
