@@ -9,7 +9,13 @@ budget where it changes). Each candidate is laid out as the executor will run it
 its exact peak, the outputs to split and each unit's need. The row of r is the frontier of
 the candidates by (executor peak, rank): ascending peaks, each plan preferred to every plan
 with a smaller peak. The rank is the solver's own preference: least cost for vbs, paper and
-fbs-best, the largest batch for fbs, the largest rule budget for greedy.
+fbs-best, the largest batch for fbs, the largest rule budget for greedy. vbs weighs one thing
+more (``CALL_MARGIN``): a plan that makes more runtime calls than the one it would replace
+must be predicted faster by more than the margin. The profile's times carry a few percent of
+noise, and a DP over them finds plans whose whole predicted advantage is that noise (more
+sub-batches at the batch sizes that happened to measure fast), each cut a chance to cost more
+than priced; within the margin the plan of fewer calls is kept, so a row may hold a plan up
+to the margin slower than one with a smaller peak.
 
 Reading (``find``, ``lookup``): the plan of r samples for F free bytes is the last breakpoint
 at or below F, one binary search. A plan picked for F bytes never allocates more than F, and
@@ -59,6 +65,7 @@ OLD_SCHEMAS = ("vbs.table/1", "vbs.table/2")
 MAX_TABLE_BYTES = 1 << 30  # a decompressed table larger than this is refused, not read
 _NO_PLAN = np.iinfo(np.int64).max
 _PROGRAM_CACHE = 64  # programs kept built per table (the executor takes Steps)
+CALL_MARGIN = 0.08  # vbs: how much faster a plan of more runtime calls must be predicted
 
 
 @dataclass(frozen=True, eq=False)
@@ -454,21 +461,47 @@ def _candidates(inst: Instance, solver: str, slot: int, M: int, dp: Callable[[st
     return out
 
 
+def _preferred(cand: _Candidate, best: _Candidate | None, floor: float, margin: float) -> bool:
+    """Whether ``cand`` displaces ``best``, the plan of the last breakpoint: a better rank;
+    with a margin, a plan of more calls must cost less than best by more than the margin, and
+    one of fewer calls may cost up to the margin more than ``floor``, the least cost of the
+    row so far (so no plan is more than the margin slower than any before it)."""
+    if best is None:
+        return True
+    if margin:
+        calls, best_calls = len(cand.runs), len(best.runs)
+        if calls > best_calls:
+            return cand.cost < best.cost * (1.0 - margin)
+        if calls < best_calls and cand.cost <= floor * (1.0 + margin):
+            return True
+    return cand.rank < best.rank
+
+
 def _frontier(inst: Instance, layouts: _Layouts, r: int, candidates: Iterable[_Candidate],
-              add: Callable[[TablePlan], int]) -> TableRow:
-    """The row of r: by ascending executor peak, every candidate ranked above all before it."""
+              add: Callable[[TablePlan], int], margin: float = 0.0) -> TableRow:
+    """The row of r: by ascending executor peak, every candidate preferred to the plan before
+    it (``_preferred``)."""
     laid = sorted(((layouts.of(r, cand), cand) for cand in candidates),
-                  key=lambda t: (t[0].peak, t[1].rank))
+                  key=lambda t: (t[0].peak, t[1].rank, len(t[1].runs)))
+    chosen: list[tuple[Layout, _Candidate]] = []
+    floor = math.inf  # the least cost in ``chosen``
+    for lay, cand in laid:
+        if chosen and chosen[-1][0].peak == lay.peak:  # one plan per peak: the preferred
+            before = chosen[-2][1] if len(chosen) > 1 else None
+            rest = min((c.cost for _, c in chosen[:-1]), default=math.inf)
+            if _preferred(cand, chosen[-1][1], floor, margin) and \
+                    _preferred(cand, before, rest, margin):
+                chosen[-1] = (lay, cand)
+                floor = min(rest, cand.cost)
+        elif _preferred(cand, chosen[-1][1] if chosen else None, floor, margin):
+            chosen.append((lay, cand))
+            floor = min(floor, cand.cost)
     peaks: list[int] = []
     plans: list[int] = []
-    best: tuple[float, float] = (math.inf, math.inf)
     n_units = len(inst.global_units)
     names = {name: i for i, name in enumerate(inst.runtimes)}
     index = inst.global_index
-    for lay, cand in laid:
-        if cand.rank >= best:
-            continue
-        best = cand.rank
+    for lay, cand in chosen:
         arr = np.array([(index[s.unit], s.samples) for s in cand.steps], dtype=np.int32)
         unit_peaks = np.zeros(n_units, dtype=np.int64)
         np.maximum.at(unit_peaks, arr[:, 0], np.asarray(lay.needs, dtype=np.int64))
@@ -523,7 +556,8 @@ def build_tables(model: Profile | Instance, solvers: Sequence[str] = ("vbs",), *
                 plans.append(plan)
             return by_id[plan.plan_id]
 
-        rows = tuple(_frontier(inst, layouts, r, proposed(solver, r), add)
+        margin = CALL_MARGIN if solver == "vbs" and inst.objective == "time" and inst.calls else 0.0
+        rows = tuple(_frontier(inst, layouts, r, proposed(solver, r), add, margin)
                      for r in range(1, inst.batch_max + 1))
         out[solver] = PlanTable(fingerprint=inst.fingerprint, solver=solver, objective=objective,
                                 slot_bytes=slot, granule=inst.granule, batch_max=inst.batch_max,
