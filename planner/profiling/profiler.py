@@ -81,7 +81,7 @@ def device_name(device: torch.device) -> str:
 
 # How ONNX Runtime is profiled (which units it takes, how its workspace is bounded): a change
 # here changes profiles without changing any version above, so it re-measures cached ones.
-ORT_METHOD = 3
+ORT_METHOD = 4
 
 
 def fingerprint(capture: Capture, options: ProfileOptions) -> str:
