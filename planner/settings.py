@@ -92,10 +92,11 @@ class Settings(BaseSettings):
                               description="ONNX Runtime sessions kept per model (one per run of "
                                           "units a plan uses; each holds a thread); beyond it "
                                           "the least recently used is given back")
-    ort_spin: bool = Field(default=False,
-                           description="ONNX Runtime's threads spin between operators and calls "
-                                       "(lower latency at low load; they take cores from the "
-                                       "server's other work under load)")
+    ort_spin: bool = Field(default=True,
+                           description="ONNX Runtime's threads spin between the operators of a "
+                                       "call, and sleep once it returns; false: they sleep "
+                                       "between operators too (a wake-up each, slower on small "
+                                       "operators; the profile is measured spinning)")
 
     # -- the HTTP service (`vbs serve`) ------------------------------------------------------
     host: str = Field(default="127.0.0.1", min_length=1, description="address the service listens on")

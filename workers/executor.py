@@ -32,6 +32,7 @@ from planner.graph.runner import run_node, run_unit
 from planner.runtimes import ONNXRUNTIME, TORCH
 from planner.solver.layout import walk
 from planner.solver.program import Step
+from planner.solver.runs import TreeIndex, run_runtime
 from planner.tree import Layer, Node, Parallel
 
 if TYPE_CHECKING:  # onnxruntime is imported only where a plan uses it
@@ -136,6 +137,18 @@ def _uniform(capture: Capture, steps: tuple[Step, ...], samples: int) -> bool:
                     for step, name in zip(steps, order)))
 
 
+def _one_call(capture: Capture, steps: tuple[Step, ...], runs: dict[int, int] | None,
+              samples: int) -> tuple[Node, ...]:
+    """The root series' children when ``steps`` are one run of the whole model on all samples
+    (every plan of one sample that ONNX Runtime takes whole): then that call is all the walk
+    would do, and it is made without the walk's bookkeeping (else ())."""
+    if not steps or runs != {0: len(steps) - 1} or any(s.samples != samples for s in steps):
+        return ()
+    nodes = TreeIndex.of(capture.tree).run_nodes(steps, 0, len(steps) - 1)
+    children = capture.tree.children  # a slice of one series: the root's first to its last?
+    return nodes if len(nodes) == len(children) and nodes[0] is children[0] else ()
+
+
 def execute(capture: Capture, steps: Iterable[Step], x: torch.Tensor,
             splits: dict[int, list[int]] | None = None, runs: dict[int, int] | None = None,
             ort: OrtUnits | None = None) -> torch.Tensor:
@@ -150,6 +163,10 @@ def execute(capture: Capture, steps: Iterable[Step], x: torch.Tensor,
         with torch.inference_mode():
             if not splits and not runs and _uniform(capture, steps, x.shape[0]):
                 return run_node(capture, capture.tree, x)
+            whole = () if splits else _one_call(capture, steps, runs, x.shape[0])
+            if whole:
+                return TorchBackend(capture, x, ort).run_many(
+                    whole, x, x.shape[0], run_runtime(whole[0], steps[0]))
             return walk(TorchBackend(capture, x, ort), capture.tree, steps, x, x.shape[0],
                         splits, runs=runs)
     except torch.cuda.OutOfMemoryError as exc:  # = torch.OutOfMemoryError (torch >= 2.5)

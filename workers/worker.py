@@ -134,7 +134,7 @@ class Worker:
     def __init__(self, capture: Capture, table: PlanTable, probe: MemoryProbe,
                  *, max_oom_retries: int = 4, name: str | None = None,
                  arbiter: Arbiter | None = None, lease_timeout_s: float = 30.0,
-                 ort: OrtUnits | None = None, ort_spin: bool = False,
+                 ort: OrtUnits | None = None, ort_spin: bool = True,
                  ort_sessions: int = 128) -> None:
         self.capture = capture
         self.probe = probe

@@ -9,11 +9,14 @@ its units and its kernels' scratch, which is the run's workspace in the model of
 
 Every session of the process shares one arena that grows by what is asked, no more
 (``kSameAsRequested``): sessions are many, and an arena each would multiply held memory by
-their number. Each session has its own intra-op threads (as many as torch uses) that sleep
-when idle instead of spinning: a served model's call is followed by work on other threads
-(the event loop answering, the next requests arriving), and spinning threads take the cores
-from it. Sleeping costs a wake-up per operator, which shows on one-sample calls at low load:
-``spin`` (`VBS_ORT_SPIN`) trades the one for the other (docs/benchmarks.md, section 1).
+their number. Each session has its own intra-op threads (as many as torch uses) that spin
+between the operators of a call, as ONNX Runtime's defaults do (a model of a hundred small
+operators would otherwise pay a wake-up for each), and stop spinning the moment the call
+returns (``session.force_spinning_stop``): the pools of sessions that are not running are
+asleep, so they neither take the cores from the one that runs nor cost an idle server CPU.
+ONNX Runtime's process-wide pools (``set_global_thread_pool_sizes``) are not used: that
+switch applies to a session's own pool only, and a global pool spins on after each call.
+``spin=False`` (`VBS_ORT_SPIN=0`) makes the threads sleep between operators too.
 """
 
 from __future__ import annotations
@@ -52,14 +55,22 @@ def _environment() -> None:
         _READY = True
 
 
-def session_options(threads: int, *, arena: bool = True, spin: bool = False) -> ort.SessionOptions:
-    """Options of every session: ``threads`` intra-op threads that sleep when idle unless
-    ``spin``, the shared arena (``arena=False``: none, so what a call allocates is given back
-    when it returns, for measuring it)."""
+# The policy of every session's threads: spin while a call runs (unless told not to), asleep
+# once it returns.
+SPIN = "session.intra_op.allow_spinning"
+STOP = "session.force_spinning_stop"
+
+
+def session_options(threads: int, *, arena: bool = True, spin: bool = True) -> ort.SessionOptions:
+    """Options of every session: ``threads`` intra-op threads that spin between operators
+    while a call runs (sleep, without ``spin``) and stop when it returns, the shared arena
+    (``arena=False``: none, so what a call allocates is given back when it returns, for
+    measuring it)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = max(1, threads)
     options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    options.add_session_config_entry(SPIN, "1" if spin else "0")
+    options.add_session_config_entry(STOP, "1")
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if arena:
         options.add_session_config_entry("session.use_env_allocators", "1")
@@ -95,7 +106,7 @@ class OrtUnits:
     """Sessions for the runs of one captured model; ``run`` computes a run into a buffer."""
 
     def __init__(self, capture: Capture, graphs: UnitGraphs | None = None,
-                 threads: int | None = None, *, arena: bool = True, spin: bool = False,
+                 threads: int | None = None, *, arena: bool = True, spin: bool = True,
                  max_sessions: int = 128) -> None:
         why = unavailable(capture)
         if why:
