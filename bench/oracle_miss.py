@@ -1,6 +1,6 @@
 """How often the solvers miss the true optimum: random tiny chains against the exhaustive oracle.
 
-    python bench/oracle_miss.py [--count 16000] [--seed 0]
+    python bench/oracle_miss.py [--count 16000] [--seed 0] [--priced]
 
 Draws random chains (1-5 units, B <= 5, sizes 0-3 bytes per sample, workspaces 0-4 bytes,
 times 1-10, a request size r <= B and a budget between "one sample through the hungriest
@@ -10,6 +10,9 @@ every comparison is exact. The oracle (``tests/planner/oracle.py``: Dijkstra ove
 "samples waiting at each boundary") gives the best sequential schedule; the paper's DP and
 vbs are solved for the same instance. Prints, per solver, instances where it is slower than the
 optimum (a miss), where it finds no schedule at all, and the largest relative excess.
+``--priced``: the model that runs on ONNX Runtime, each chain's units measured on it too
+(``planner.solver.synthetic.with_onnxruntime``; some it does not take) with a call of 0-6 time
+units plus 0, 0.5 or 1 per byte in and out: the oracle and the DPs price every call and cut.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.planner.or
 
 from planner.errors import InfeasibleError  # noqa: E402
 from planner.solver.solve import solve  # noqa: E402
+from planner.solver.synthetic import with_onnxruntime  # noqa: E402
+from planner.tree import Profile  # noqa: E402
 from tests.planner.oracle import chain_profile, oracle  # noqa: E402
 
 SOLVERS = ("paper", "vbs")
@@ -48,6 +53,18 @@ def draw(rng: np.random.Generator) -> tuple[object, int, int]:
     return chain_profile(layers, batch_max=B), r, budget
 
 
+def priced(profile: Profile, rng: np.random.Generator) -> Profile:
+    """``profile`` with ONNX Runtime's measurements and a call cost of the chain's scale."""
+    B = profile.batch_max
+    ort = with_onnxruntime(profile, int(rng.integers(1 << 30)),
+                           choice=str(rng.choice(["auto", "onnxruntime"])))
+    meta = dict(ort.meta)
+    meta["runtimes"] = {"onnxruntime": {
+        "version": "synthetic", "call_s": [float(rng.integers(0, 7)) for _ in range(B)],
+        "byte_s": [float(rng.choice([0.0, 0.5, 1.0])) for _ in range(B)]}}
+    return Profile(batch_max=B, root=ort.root, meta=meta)
+
+
 def cost(profile: object, r: int, budget: int, solver: str) -> float:
     try:
         return solve(profile, r, budget, solver=solver, slot_bytes=1).cost
@@ -59,6 +76,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--count", type=int, default=16000, help="feasible instances to draw")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--priced", action="store_true",
+                    help="units on ONNX Runtime too, every call and cut priced")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     t0 = time.perf_counter()
@@ -68,6 +87,8 @@ def main() -> int:
     worst = {s: 0.0 for s in SOLVERS}
     while feasible < args.count:
         profile, r, budget = draw(rng)
+        if args.priced:
+            profile = priced(profile, rng)
         drawn += 1
         best, _ = oracle(profile, r, budget)
         if best == math.inf:
@@ -82,7 +103,8 @@ def main() -> int:
                 misses[solver] += 1
                 worst[solver] = max(worst[solver], got / best - 1)
     elapsed = time.perf_counter() - t0
-    print(f"{feasible} feasible random chains ({drawn} drawn, seed {args.seed}, "
+    kind = "priced " if args.priced else ""
+    print(f"{feasible} feasible random {kind}chains ({drawn} drawn, seed {args.seed}, "
           f"{elapsed:.0f} s)\n")
     print("| solver | slower than the optimum | of which: no schedule found | largest excess |")
     print("|---|---|---|---|")
