@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,6 +115,12 @@ def program_id(steps: Iterable[tuple[str, int] | tuple[str, int, str]],
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def dispatches(steps: int, runs: Sequence[tuple[int, int]]) -> int:
+    """What the executor starts to run a program of ``steps`` steps with ``runs``: one runtime
+    call per run, and each step outside a run (a unit on torch, a block's folds)."""
+    return len(runs) + steps - sum(last - first + 1 for first, last in runs)
+
+
 @dataclass(frozen=True)
 class Plan:
     """A program and the solver's claims about it for ``batch`` samples in ``budget_bytes``."""
@@ -149,6 +155,11 @@ class Plan:
     def calls(self) -> int:
         """Runtime calls its runs make (every step on such a runtime is in a run)."""
         return len(self.runs)
+
+    @property
+    def dispatches(self) -> int:
+        """Runtime calls and steps the executor runs itself (``dispatches``)."""
+        return dispatches(len(self.program.steps), self.runs)
 
     @property
     def run_map(self) -> dict[int, int]:

@@ -10,8 +10,8 @@ its exact peak, the outputs to split and each unit's need. The row of r is the f
 the candidates by (executor peak, rank): ascending peaks, each plan preferred to every plan
 with a smaller peak. The rank is the solver's own preference: least cost for vbs, paper and
 fbs-best, the largest batch for fbs, the largest rule budget for greedy. vbs weighs one thing
-more (``CALL_MARGIN``): a plan that makes more runtime calls than the one it would replace
-must be predicted faster by more than the margin. The profile's times carry a few percent of
+more (``CALL_MARGIN``): a plan that makes more runtime calls (or runs more steps on torch, each
+a cut) than the one it would replace must be predicted faster by more than the margin. The profile's times carry a few percent of
 noise, and a DP over them finds plans whose whole predicted advantage is that noise (more
 sub-batches at the batch sizes that happened to measure fast), each cut a chance to cost more
 than priced; within the margin the plan of fewer calls is kept, so a row may hold a plan up
@@ -55,7 +55,7 @@ from planner.solver.dp import ChainTables
 from planner.solver.layout import Layout, layout
 from planner.solver.memory import check_slot_bytes
 from planner.solver.model import Instance, build_instance
-from planner.solver.program import Plan, Program, Step, program_id
+from planner.solver.program import Plan, Program, Step, dispatches, program_id
 from planner.solver.solve import DEFAULT_SLOT_COUNT, SOLVERS, default_slot_bytes, instance_of, \
     raw_steps, table_slots
 from planner.tree import Profile
@@ -463,13 +463,14 @@ def _candidates(inst: Instance, solver: str, slot: int, M: int, dp: Callable[[st
 
 def _preferred(cand: _Candidate, best: _Candidate | None, floor: float, margin: float) -> bool:
     """Whether ``cand`` displaces ``best``, the plan of the last breakpoint: a better rank;
-    with a margin, a plan of more calls must cost less than best by more than the margin, and
-    one of fewer calls may cost up to the margin more than ``floor``, the least cost of the
+    with a margin, a plan of more dispatches (runtime calls and steps on torch: each cuts a run)
+    must cost less than best by more than the margin, and one of fewer may cost up to the margin more than ``floor``, the least cost of the
     row so far (so no plan is more than the margin slower than any before it)."""
     if best is None:
         return True
     if margin:
-        calls, best_calls = len(cand.runs), len(best.runs)
+        calls = dispatches(len(cand.steps), cand.runs)
+        best_calls = dispatches(len(best.steps), best.runs)
         if calls > best_calls:
             return cand.cost < best.cost * (1.0 - margin)
         if calls < best_calls and cand.cost <= floor * (1.0 + margin):
@@ -482,7 +483,7 @@ def _frontier(inst: Instance, layouts: _Layouts, r: int, candidates: Iterable[_C
     """The row of r: by ascending executor peak, every candidate preferred to the plan before
     it (``_preferred``)."""
     laid = sorted(((layouts.of(r, cand), cand) for cand in candidates),
-                  key=lambda t: (t[0].peak, t[1].rank, len(t[1].runs)))
+                  key=lambda t: (t[0].peak, t[1].rank, dispatches(len(t[1].steps), t[1].runs)))
     chosen: list[tuple[Layout, _Candidate]] = []
     floor = math.inf  # the least cost in ``chosen``
     for lay, cand in laid:
