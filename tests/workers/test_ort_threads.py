@@ -22,6 +22,7 @@ from planner.models import ModelSpec, load_model
 from planner.profiling.profiler import ProfileOptions, measure
 from planner.solver.table import build_table
 from planner.tree import iter_layers
+from workers.executor import _one_call
 from workers.memory import MemoryProbe
 from workers.worker import Worker
 
@@ -107,6 +108,12 @@ def test_a_served_models_sessions_use_the_policy_and_go_to_sleep_idle() -> None:
     assert idle <= 1
     for y in outputs:
         torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4 * float(expected.abs().max()))
+    # one sample: the whole model in one call, made without the walk, equals the model too
+    one = worker.choose(worker.table, 1, worker.table.top_bytes)
+    assert _one_call(cap, one.program.steps, one.runs, 1), one.plan_id
+    y, _ = worker.infer(x[:1])
+    torch.testing.assert_close(y, expected[:1], rtol=1e-4,
+                               atol=1e-4 * float(expected.abs().max()))
 
 
 def test_the_profiler_measures_with_the_threads_serving_runs() -> None:
