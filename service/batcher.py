@@ -154,6 +154,9 @@ class Batcher:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.gather_limit, self._times = await loop.run_in_executor(self._executor, self._outlook)
+        # the batch buffer now, not at the first batch: under a memory limit it is part of
+        # what stays (service.admission reads that when the model is ready)
+        await loop.run_in_executor(self._executor, self._batch_buffer, self.worker.batch_max)
         self._task = asyncio.create_task(self._loop(), name=f"vbs-batcher-{self.name}")
 
     async def close(self, timeout_s: float | None = None) -> None:

@@ -223,6 +223,21 @@ async def decode_v2(request: Request, name: str, body: bytes) -> Decoded:
     return Decoded(entry, x, v2=req, decode_s=spent, field=V2_FIELD)
 
 
+def hold(request: Request, body: bytes, decoded: Decoded) -> None:
+    """Under a memory limit: the request holds its body, its samples (unless a view of the
+    body) and its outputs now; the ledger learns the exact bytes (503 when more than its
+    Content-Length said and no longer fitting)."""
+    ticket = getattr(request.state, "vbs_ticket", None)
+    if ticket is None:
+        return
+    x = decoded.x
+    held = len(body)
+    if not (held and np.may_share_memory(x, np.frombuffer(body, np.uint8))):
+        held += x.nbytes
+    out = int(np.prod(decoded.entry.output_shape, dtype=np.int64)) * 4 * x.shape[0]
+    request.app.state.registry.admission.resize(ticket, held + 3 * out)  # y, and its encoding
+
+
 async def run(decoded: Decoded, state: Any) -> Outcome:
     """Queue the samples on the model's batcher; 504 when not answered within
     ``request_timeout_s`` (the batcher's)."""
@@ -298,5 +313,5 @@ def v2_parameters(outcome: Outcome) -> dict[str, Any]:
     return params
 
 
-__all__ = ["Decoded", "decode_infer", "decode_v2", "infer_response", "plan_json", "run",
+__all__ = ["Decoded", "decode_infer", "decode_v2", "hold", "infer_response", "plan_json", "run",
            "run_json", "timing_json", "v2_parameters", "v2_response"]

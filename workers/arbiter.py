@@ -13,7 +13,9 @@ demand level, a table or the budget changes; ``static``, equal shares by weight;
 no enforcement (leases recorded, overcommits counted: the behaviour before the arbiter). A
 batch that cannot get its share takes a smaller plan that fits what is free (a step-down) or
 waits in one FIFO line per device, so nothing starves; it gives up with LeaseTimeoutError only
-after its timeout. Every grant checks the sum of live leases against the budget; a listener
+after its timeout. A batch whose one-sample plan needs more than is free fails at once
+(InfeasibleError), unless a ``ceiling`` says the most the budget can become (under a memory
+limit, with nothing else held): below it, the batch waits for the memory. Every grant checks the sum of live leases against the budget; a listener
 (the service's metrics) hears budgets, shares, leases, waits and step-downs.
 docs/architecture.md, "Several models on one device", says more.
 """
@@ -127,7 +129,7 @@ class Arbiter:
 
     def __init__(self, device: str, read_free: Callable[[], int], *, mode: str = "arbiter",
                  serial: bool = False, listener: ArbiterListener | None = None,
-                 levels: int = LEVELS) -> None:
+                 levels: int = LEVELS, ceiling: Callable[[], int] | None = None) -> None:
         if mode not in MODES:
             raise UsageError(f"memory_sharing {mode!r}: use one of {', '.join(MODES)}")
         self.device = device
@@ -136,6 +138,7 @@ class Arbiter:
         self.listener = listener
         self.levels = levels
         self._read_free = read_free
+        self._ceiling = ceiling  # the most plans could get: a need above it never fits
         self._cond = threading.Condition()
         self._claims: dict[str, Claim] = {}
         self._live: dict[int, tuple[str, int]] = {}
@@ -321,6 +324,8 @@ class Arbiter:
         return budget
 
     def _check_need(self, model: str, need: int, budget: int) -> None:
+        if self._ceiling is not None:  # below it, a batch waits for the memory (see acquire)
+            budget = max(0, int(self._ceiling()))
         if need > budget:
             raise InfeasibleError(
                 f"{model}: its smallest plan (one sample) needs {need} bytes, but only {budget} "

@@ -1,0 +1,278 @@
+"""Admission at the edge under a memory limit: what requests hold counts as the plans do.
+
+Why: inside a cgroup limit the kernel kills the whole process when the group's working set
+reaches the limit, and every request waiting in the queue holds its body and decoded input
+(twelve 8-sample requests at 448 px are 230 MB before any plan runs). So, when a limit applies
+(``workers.cgroup``), the memory under it is kept as a ledger:
+
+    limit = idle working set + what admitted requests hold + live plan leases + margin
+
+The idle working set is read whenever nothing is held or leased (weights, runtimes, buffers:
+what stays), after giving the allocator's free pages back (``malloc_trim``). A request is
+admitted before its body is read, on its Content-Length: its estimated hold (the body, its
+decoded samples; ``HOLD_FACTORS``) plus a one-sample plan of its model must fit beside what is
+held and leased already; else 503 with Retry-After, or 413 naming the limit when it would not
+fit even in an idle server. Once decoded, its hold is set to what it really holds. Plans may
+use what the ledger leaves, less a reserve for requests arriving while a batch runs, and never
+more than the group's headroom read now (``plan_free``, the memory probe's source); a batch
+for which that is less than a one-sample plan waits for memory (``ceiling``), it never starts.
+Without a limit nothing is refused here: the probe reads MemAvailable as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from service.errors import PayloadTooLargeError, UnavailableError
+from workers.cgroup import CgroupMemory, read_cgroup
+
+log = logging.getLogger("vbs.service.admission")
+
+# bytes held per byte of body until the request is decoded: the body itself plus its decoded
+# samples (binary: a view or one copy; JSON: Python floats while parsed, about 32 bytes per
+# number of some 10 characters, then the array; images: decompressed pixels)
+HOLD_FACTORS = {"binary": 2.0, "json": 4.0, "image": 12.0}
+RESERVE_SHARE = 8       # plans leave 1/RESERVE_SHARE of the memory for requests arriving meanwhile
+MIN_MARGIN = 16 * 2**20  # kept back under a limit for Python, the HTTP stack and answers
+MARGIN_SHARE = 32        # ... or 1/MARGIN_SHARE of the limit, whichever is more
+REBASE_S = 0.5           # the idle working set is read at most this often
+
+
+def _trimmer() -> Callable[[], None]:
+    """glibc's malloc_trim(0): free pages the allocator keeps go back to the kernel (no-op
+    elsewhere)."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        trim = libc.malloc_trim if libc is not None else None
+    except (OSError, AttributeError):
+        trim = None
+    if trim is None:
+        return lambda: None
+    return lambda: trim(0) and None
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """One admitted request's place in the ledger."""
+
+    token: int
+    model: str | None
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """The memory under the limit as the ledger sees it now (for ``GET /models``)."""
+
+    limit_bytes: int | None          # the tightest cgroup limit on this process's path
+    limit_group: str | None          # the group that sets it
+    cgroup_version: int | None
+    working_set_bytes: int | None    # that group's working set now (usage - inactive files)
+    idle_working_set_bytes: int | None  # when nothing was held or leased
+    margin_bytes: int
+    held_bytes: int                  # what admitted requests hold (estimated until decoded)
+    requests: int                    # admitted, not yet answered
+    leased_bytes: int                # live plan leases
+    plans_may_use_bytes: int | None  # what the plans may use now (the probe's source)
+    admitted: int
+    refused_busy: int                # 503: would fit an idle server, not now
+    refused_too_large: int           # 413: would not fit even an idle server
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class Admission:
+    """The ledger of one CPU device under a cgroup memory limit (see the module doc).
+
+    ``leased`` reads the arbiter's live leases; ``need`` the bytes of a one-sample plan of a
+    model (None: the largest of the models served); ``margin`` the configured margin (0: the
+    default under a limit, ``MIN_MARGIN`` or 1/``MARGIN_SHARE`` of the limit).
+    """
+
+    def __init__(self, leased: Callable[[], int], need: Callable[[str | None], int], *,
+                 margin: int = 0, read: Callable[[], CgroupMemory | None] = read_cgroup,
+                 trim: Callable[[], None] | None = None) -> None:
+        self._leased = leased
+        self._need = need
+        self._read = read
+        self._trim = trim if trim is not None else _trimmer()
+        self._margin_setting = margin
+        self._lock = threading.Lock()
+        self._held: dict[int, int] = {}
+        self._held_total = 0
+        self._next = 0
+        self._idle: int | None = None
+        self._rebased = 0.0
+        self._admitted = self._busy = self._too_large = 0
+        first = read()
+        self.active = first is not None and first.limit is not None
+
+    # ------------------------------------------------------------------ readings
+
+    def _reading(self) -> CgroupMemory | None:
+        reading = self._read()
+        return reading if reading is not None and reading.limit is not None else None
+
+    def margin(self, limit: int) -> int:
+        return self._margin_setting or max(MIN_MARGIN, limit // MARGIN_SHARE)
+
+    def rebase(self, force: bool = True) -> None:
+        """Read the idle working set when nothing is held or leased (caller holds no lock)."""
+        if not self.active:
+            return
+        now = time.monotonic()
+        if not force and now - self._rebased < REBASE_S and self._idle is not None:
+            return
+        with self._lock:
+            if self._held_total or self._leased():
+                return
+        self._trim()
+        reading = self._reading()
+        with self._lock:
+            if reading is None or self._held_total or self._leased():
+                return
+            self._idle, self._rebased = reading.working_set, now
+
+    def _capacity(self, reading: CgroupMemory) -> int:
+        """Bytes under the limit for requests and plans together (idle use and margin out)."""
+        if self._idle is None:
+            self._idle = reading.working_set  # the first reading: at start, nothing held yet
+        assert reading.limit is not None
+        return reading.limit - self._idle - self.margin(reading.limit)
+
+    # ------------------------------------------------------------------ plans
+
+    def plan_free(self) -> int:
+        """What plans may use now: the ledger's room less the reserve for arriving requests,
+        never more than the group's headroom read now (the margin kept out of both)."""
+        reading = self._reading()
+        if reading is None:
+            from workers.memory import cpu_free
+            return cpu_free()
+        assert reading.limit is not None and reading.free is not None
+        with self._lock:
+            capacity = self._capacity(reading)
+            room = capacity - self._held_total
+        need = self._need(None)
+        reserve = max(0, min(capacity // RESERVE_SHARE, room - need))
+        headroom = reading.free - self.margin(reading.limit)  # the arbiter adds its leases
+        return max(0, min(room - reserve, headroom))
+
+    def ceiling(self) -> int:
+        """The most plans could get with nothing held: a one-sample plan larger than this
+        can never run (InfeasibleError at once); one that fits waits for memory."""
+        reading = self._reading()
+        if reading is None:
+            from workers.memory import cpu_free
+            return cpu_free()
+        with self._lock:
+            return max(0, self._capacity(reading))
+
+    # ------------------------------------------------------------------ requests
+
+    def admit(self, model: str | None, hold: int, what: str = "request") -> Ticket | None:
+        """A place for a request that will hold about ``hold`` bytes, or 503/413 (None when no
+        limit applies)."""
+        if not self.active:
+            return None
+        reading = self._reading()
+        if reading is None:
+            return None
+        assert reading.limit is not None
+        need = self._need(model)
+        with self._lock:
+            capacity = self._capacity(reading)
+            if hold + need > capacity:
+                self._too_large += 1
+                raise PayloadTooLargeError(
+                    f"body: {what} would hold about {hold} bytes and a one-sample plan of "
+                    f"{model or 'the model'} needs {need}: {hold + need} in all, more than the "
+                    f"{max(0, capacity)} bytes the memory limit leaves ({reading.limit} bytes on "
+                    f"cgroup {(reading.bound.path if reading.bound else reading.group)}, "
+                    f"{self._idle} in use when idle, {self.margin(reading.limit)} margin); send "
+                    "fewer samples per request, or raise the memory limit")
+            busy = self._held_total + hold + max(self._leased(), need)
+            if busy > capacity:
+                self._busy += 1
+                raise UnavailableError(
+                    f"memory: {self._held_total} bytes held by {len(self._held)} requests and "
+                    f"{self._leased()} by running plans leave no room for this one "
+                    f"(about {hold} bytes) under the memory limit of {reading.limit} bytes; "
+                    "retry shortly", retry_after=1)
+            self._next += 1
+            self._held[self._next] = hold
+            self._held_total += hold
+            self._admitted += 1
+            return Ticket(self._next, model)
+
+    def resize(self, ticket: Ticket | None, hold: int) -> None:
+        """The request holds ``hold`` bytes now (decoded); 503 when more than admitted and
+        no longer fitting."""
+        if ticket is None:
+            return
+        with self._lock:
+            old = self._held.get(ticket.token)
+            if old is None:
+                return
+            if hold > old:
+                reading = self._reading()
+                if reading is not None:
+                    capacity = self._capacity(reading)
+                    need = self._need(ticket.model)
+                    if self._held_total - old + hold + max(self._leased(), need) > capacity:
+                        self._busy += 1
+                        raise UnavailableError(
+                            f"memory: the request holds {hold} bytes decoded, more than its "
+                            f"body said, and that does not fit under the memory limit of "
+                            f"{reading.limit} bytes now; retry shortly", retry_after=1)
+            self._held[ticket.token] = hold
+            self._held_total += hold - old
+
+    def release(self, ticket: Ticket | None) -> None:
+        """The request has been answered (or refused): what it held is free again."""
+        if ticket is None:
+            return
+        with self._lock:
+            hold = self._held.pop(ticket.token, None)
+            if hold is None:
+                return
+            self._held_total -= hold
+            idle = not self._held_total
+        if idle:
+            self.rebase(force=False)
+
+    # ------------------------------------------------------------------ report
+
+    def ledger(self) -> Ledger:
+        reading = self._reading() if self.active else self._read()
+        bound = reading.bound if reading is not None else None
+        limit = reading.limit if reading is not None else None
+        with self._lock:
+            held, requests = self._held_total, len(self._held)
+        return Ledger(
+            limit_bytes=limit, limit_group=bound.path if bound is not None else None,
+            cgroup_version=reading.version if reading is not None else None,
+            working_set_bytes=reading.working_set if reading is not None else None,
+            idle_working_set_bytes=self._idle if limit is not None else None,
+            margin_bytes=self.margin(limit) if limit is not None else self._margin_setting,
+            held_bytes=held, requests=requests, leased_bytes=int(self._leased()),
+            plans_may_use_bytes=self.plan_free() if limit is not None else None,
+            admitted=self._admitted, refused_busy=self._busy,
+            refused_too_large=self._too_large)
+
+
+def estimate_hold(content_length: int, kind: str) -> int:
+    """What a body of ``content_length`` bytes of ``kind`` (binary, json, image) holds until
+    it is decoded (``HOLD_FACTORS``)."""
+    return int(content_length * HOLD_FACTORS.get(kind, HOLD_FACTORS["json"]))
+
+
+__all__ = ["Admission", "HOLD_FACTORS", "Ledger", "Ticket", "estimate_hold"]
