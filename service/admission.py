@@ -11,8 +11,11 @@ The idle working set is read whenever nothing is held or leased (weights, runtim
 what stays), after giving the allocator's free pages back (``malloc_trim``). A request is
 admitted before its body is read, on its Content-Length: its estimated hold (the body, its
 decoded samples; ``HOLD_FACTORS``) plus a one-sample plan of its model must fit beside what is
-held and leased already; else 503 with Retry-After, or 413 naming the limit when it would not
-fit even in an idle server. Once decoded, its hold is set to what it really holds. Plans may
+held and leased already, and what is not in the group yet (bodies not read, plans not
+allocated) must fit in the group's headroom read now; a request that does not fit waits in
+line (FIFO, ``ADMIT_WAIT_S``), its body unread, then gets 503 with Retry-After; one that would
+not fit even in an idle server gets 413 naming the limit at once. Once decoded, its hold is set
+to what it really holds. Plans may
 use what the ledger leaves, less a reserve for requests arriving while a batch runs, and never
 more than the group's headroom read now (``plan_free``, the memory probe's source); a batch
 for which that is less than a one-sample plan waits for memory (``ceiling``), it never starts.
@@ -21,11 +24,14 @@ Without a limit nothing is refused here: the probe reads MemAvailable as before.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import ctypes
 import ctypes.util
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,11 +44,16 @@ log = logging.getLogger("vbs.service.admission")
 # bytes held per byte of body until the request is decoded: the body itself plus its decoded
 # samples (binary: a view or one copy; JSON: Python floats while parsed, about 32 bytes per
 # number of some 10 characters, then the array; images: decompressed pixels)
-HOLD_FACTORS = {"binary": 2.0, "json": 4.0, "image": 12.0}
+HOLD_FACTORS = {"binary": 3.0, "json": 5.0, "image": 12.0}
 RESERVE_SHARE = 8       # plans leave 1/RESERVE_SHARE of the memory for requests arriving meanwhile
 MIN_MARGIN = 16 * 2**20  # kept back under a limit for Python, the HTTP stack and answers
 MARGIN_SHARE = 32        # ... or 1/MARGIN_SHARE of the limit, whichever is more
 REBASE_S = 0.5           # the idle working set is read at most this often
+# a plan's first runs grow the group by up to this times its bytes (ONNX Runtime's arena and
+# the allocator round and keep what they were asked for; measured: 66 MB of plan, +97 MB)
+GROWTH = 1.5
+ADMIT_WAIT_S = 2.0       # a request waits in line this long for memory before 503
+POLL_S = 0.005           # the first in line re-reads the group this often
 
 
 def _trimmer() -> Callable[[], None]:
@@ -98,7 +109,8 @@ class Admission:
     """
 
     def __init__(self, leased: Callable[[], int], need: Callable[[str | None], int], *,
-                 margin: int = 0, read: Callable[[], CgroupMemory | None] = read_cgroup,
+                 margin: int = 0, wait_s: float = ADMIT_WAIT_S,
+                 read: Callable[[], CgroupMemory | None] = read_cgroup,
                  trim: Callable[[], None] | None = None) -> None:
         self._leased = leased
         self._need = need
@@ -106,8 +118,13 @@ class Admission:
         self._trim = trim if trim is not None else _trimmer()
         self._margin_setting = margin
         self._lock = threading.Lock()
-        self._held: dict[int, int] = {}
+        self._held: dict[int, int] = {}     # ticket -> bytes it holds (estimated until decoded)
         self._held_total = 0
+        self._unread: dict[int, int] = {}   # ticket -> its estimate, until read and decoded
+        self._unread_total = 0
+        self._refs: dict[int, int] = {}     # ticket -> holders (the request, its samples)
+        self._line: collections.deque[asyncio.Future[None]] = collections.deque()
+        self.wait_s = wait_s
         self._next = 0
         self._idle: int | None = None
         self._rebased = 0.0
@@ -161,10 +178,13 @@ class Admission:
         with self._lock:
             capacity = self._capacity(reading)
             room = capacity - self._held_total
+            unread = self._unread_total
         need = self._need(None)
         reserve = max(0, min(capacity // RESERVE_SHARE, room - need))
-        headroom = reading.free - self.margin(reading.limit)  # the arbiter adds its leases
-        return max(0, min(room - reserve, headroom))
+        # the group now, less the bodies still coming in and a quarter of the margin for what
+        # else is in flight (the ledger keeps all of it); the arbiter adds its live leases
+        headroom = reading.free - unread - self.margin(reading.limit) // 4
+        return max(0, min(room - reserve, int(headroom / GROWTH)))
 
     def ceiling(self) -> int:
         """The most plans could get with nothing held: a one-sample plan larger than this
@@ -178,16 +198,14 @@ class Admission:
 
     # ------------------------------------------------------------------ requests
 
-    def admit(self, model: str | None, hold: int, what: str = "request") -> Ticket | None:
-        """A place for a request that will hold about ``hold`` bytes, or 503/413 (None when no
-        limit applies)."""
-        if not self.active:
-            return None
+    def _try(self, model: str | None, hold: int, what: str) -> Ticket | None:
+        """A place now, None when there is no room now (413 when there never is)."""
         reading = self._reading()
         if reading is None:
-            return None
-        assert reading.limit is not None
+            return Ticket(0, model)  # the limit was lifted meanwhile: nothing to count
+        assert reading.limit is not None and reading.free is not None
         need = self._need(model)
+        margin = self.margin(reading.limit)
         with self._lock:
             capacity = self._capacity(reading)
             if hold + need > capacity:
@@ -197,54 +215,107 @@ class Admission:
                     f"{model or 'the model'} needs {need}: {hold + need} in all, more than the "
                     f"{max(0, capacity)} bytes the memory limit leaves ({reading.limit} bytes on "
                     f"cgroup {(reading.bound.path if reading.bound else reading.group)}, "
-                    f"{self._idle} in use when idle, {self.margin(reading.limit)} margin); send "
-                    "fewer samples per request, or raise the memory limit")
-            busy = self._held_total + hold + max(self._leased(), need)
-            if busy > capacity:
-                self._busy += 1
-                raise UnavailableError(
-                    f"memory: {self._held_total} bytes held by {len(self._held)} requests and "
-                    f"{self._leased()} by running plans leave no room for this one "
-                    f"(about {hold} bytes) under the memory limit of {reading.limit} bytes; "
-                    "retry shortly", retry_after=1)
+                    f"{self._idle} in use when idle, {margin} margin); send fewer samples per "
+                    "request, or raise the memory limit")
+            leased = self._leased()
+            # the ledger: what is held and leased, and this one, within the limit
+            if self._held_total + hold + max(leased, need) > capacity:
+                return None
+            # and the group as the kernel counts it now: what is not in it yet (bodies not
+            # read, plans not allocated, a plan to run them) must fit in its headroom
+            if self._unread_total + hold + GROWTH * max(leased, need) > reading.free - margin:
+                return None
             self._next += 1
             self._held[self._next] = hold
+            self._unread[self._next] = hold
             self._held_total += hold
+            self._unread_total += hold
             self._admitted += 1
             return Ticket(self._next, model)
 
+    async def admit(self, model: str | None, hold: int, what: str = "request"
+                    ) -> Ticket | None:
+        """A place for a request that will hold about ``hold`` bytes (None when no limit
+        applies): at once, or after waiting in line up to ``wait_s`` for memory to free; else
+        503 with Retry-After. 413 when it would not fit even in an idle server."""
+        if not self.active:
+            return None
+        if not self._line:
+            ticket = self._try(model, hold, what)
+            if ticket is not None:
+                return ticket
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.wait_s
+        turn = loop.create_future()
+        self._line.append(turn)
+        try:
+            while True:
+                remaining = deadline - loop.time()
+                if self._line[0] is turn:  # first in line: tries, re-reading the group
+                    ticket = self._try(model, hold, what)
+                    if ticket is not None:
+                        return ticket
+                    if remaining <= 0:
+                        break
+                    await asyncio.sleep(min(POLL_S, remaining))
+                else:  # behind others: woken when it is first
+                    if remaining <= 0:
+                        break
+                    await asyncio.wait([turn], timeout=remaining)
+        finally:
+            self._line.remove(turn)
+            if self._line and not self._line[0].done():
+                self._line[0].set_result(None)  # the next in line tries
+        with self._lock:
+            self._busy += 1
+            held, requests = self._held_total, len(self._held)
+        raise UnavailableError(
+            f"memory: {held} bytes held by {requests} requests and {self._leased()} by running "
+            f"plans leave no room for this one (about {hold} bytes) under the memory limit; "
+            f"waited {self.wait_s:g} s; retry shortly", retry_after=1)
+
     def resize(self, ticket: Ticket | None, hold: int) -> None:
-        """The request holds ``hold`` bytes now (decoded); 503 when more than admitted and
-        no longer fitting."""
+        """The request has been read and decoded and holds ``hold`` bytes (or what it was
+        admitted for, if more: the pieces its body came in are freed, but the allocator keeps
+        them for the next bodies) in the group as the kernel counts it: no longer unread."""
         if ticket is None:
             return
         with self._lock:
             old = self._held.get(ticket.token)
             if old is None:
                 return
-            if hold > old:
-                reading = self._reading()
-                if reading is not None:
-                    capacity = self._capacity(reading)
-                    need = self._need(ticket.model)
-                    if self._held_total - old + hold + max(self._leased(), need) > capacity:
-                        self._busy += 1
-                        raise UnavailableError(
-                            f"memory: the request holds {hold} bytes decoded, more than its "
-                            f"body said, and that does not fit under the memory limit of "
-                            f"{reading.limit} bytes now; retry shortly", retry_after=1)
+            hold = max(old, hold)
             self._held[ticket.token] = hold
             self._held_total += hold - old
+            self._unread_total -= self._unread.pop(ticket.token, 0)
+
+    def keep(self, ticket: Ticket | None, data: object) -> None:
+        """What the request holds lives as long as ``data`` (its samples, which its batch
+        keeps after a timeout answered it) too: released when both it and the request are
+        done."""
+        if ticket is None or not ticket.token:
+            return
+        with self._lock:
+            if ticket.token not in self._held:
+                return
+            self._refs[ticket.token] = self._refs.get(ticket.token, 1) + 1
+        weakref.finalize(data, self.release, ticket)
 
     def release(self, ticket: Ticket | None) -> None:
-        """The request has been answered (or refused): what it held is free again."""
+        """The request has been answered (or refused), or its samples are gone: what it held
+        is free again once both are (``keep``)."""
         if ticket is None:
             return
         with self._lock:
+            refs = self._refs.pop(ticket.token, 1) - 1
+            if refs > 0:
+                self._refs[ticket.token] = refs
+                return
             hold = self._held.pop(ticket.token, None)
             if hold is None:
                 return
             self._held_total -= hold
+            self._unread_total -= self._unread.pop(ticket.token, 0)
             idle = not self._held_total
         if idle:
             self.rebase(force=False)

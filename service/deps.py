@@ -191,7 +191,7 @@ async def inference_call(request: Request, query: type[Q],
     if admission is not None and admission.active:
         declared = request.headers.get("content-length")
         size = int(declared) if declared is not None and declared.strip().isdigit() else 0
-        request.state.vbs_ticket = admission.admit(
+        request.state.vbs_ticket = await admission.admit(
             model if model is not None else getattr(parsed, "model", None),
             estimate_hold(size, body_kind(request)))
         try:

@@ -235,7 +235,9 @@ def hold(request: Request, body: bytes, decoded: Decoded) -> None:
     if not (held and np.may_share_memory(x, np.frombuffer(body, np.uint8))):
         held += x.nbytes
     out = int(np.prod(decoded.entry.output_shape, dtype=np.int64)) * 4 * x.shape[0]
-    request.app.state.registry.admission.resize(ticket, held + 3 * out)  # y, and its encoding
+    admission = request.app.state.registry.admission
+    admission.resize(ticket, held + 3 * out)  # y, and its encoding
+    admission.keep(ticket, x)  # a batch may keep the samples after a timeout answered it
 
 
 async def run(decoded: Decoded, state: Any) -> Outcome:

@@ -15,7 +15,8 @@ batch that cannot get its share takes a smaller plan that fits what is free (a s
 waits in one FIFO line per device, so nothing starves; it gives up with LeaseTimeoutError only
 after its timeout. A batch whose one-sample plan needs more than is free fails at once
 (InfeasibleError), unless a ``ceiling`` says the most the budget can become (under a memory
-limit, with nothing else held): below it, the batch waits for the memory. Every grant checks the sum of live leases against the budget; a listener
+limit, with nothing else held): below it, the batch waits for the memory, and gives up after
+``STARVED_S`` when no lease is alive to free any (what holds it waits for this batch). Every grant checks the sum of live leases against the budget; a listener
 (the service's metrics) hears budgets, shares, leases, waits and step-downs.
 docs/architecture.md, "Several models on one device", says more.
 """
@@ -39,6 +40,7 @@ log = logging.getLogger("vbs.arbiter")
 
 MODES = ("arbiter", "static", "none")
 REREAD_S = 0.1  # a waiting batch re-reads the device this often (another process may free memory)
+STARVED_S = 1.0  # under a ceiling, a batch gives up after this long with nothing leased
 
 
 class Sized(Protocol):
@@ -274,7 +276,17 @@ class Arbiter:
                         if not queued:
                             self._enqueue(model, ticket)
                             queued = True
-                    remaining = deadline - time.monotonic()
+                    now = time.monotonic()
+                    remaining = deadline - now
+                    if (self._ceiling is not None and not self._live
+                            and now - started > STARVED_S):
+                        # nothing leased will come back: what holds the memory is waiting
+                        # for this batch (its own requests, others queued behind it)
+                        raise LeaseTimeoutError(
+                            f"{model}: waited {now - started:.1f} s for the {need} bytes of a "
+                            f"one-sample plan, but only {budget} are free for plans on "
+                            f"{self.device} and no batch is running to free more: the "
+                            "requests waiting hold the rest of the memory limit; retry")
                     if remaining <= 0:
                         raise LeaseTimeoutError(
                             f"{model}: waited {timeout_s:.1f} s for {need} bytes of memory "
