@@ -256,6 +256,7 @@ class Batcher:
                 stopping = stopping or stop
                 if batch:
                     await self._dispatch(batch)  # answered: the next batch is gathered
+                batch = []  # not kept while it is: its samples are given back now
             await self._idle.wait()  # a batch ``submit`` started: answered before closing ends
         except asyncio.CancelledError:
             for p in self._inflight:
@@ -425,7 +426,9 @@ class Batcher:
                                    version)
                       for p, (y, encoded, copy_s, encode_s) in zip(batch, done.rows)]
         except Exception as exc:  # noqa: BLE001 - the failure goes to every request of the batch
-            result = exc
+            # without its traceback: its frames hold the batch's samples until the cyclic
+            # garbage collector runs (under a memory limit they count until then)
+            result = exc.with_traceback(None)
         try:
             loop.call_soon_threadsafe(self._answer, batch, result, answered, done)
         except RuntimeError:  # the loop has closed: nobody is waiting any more
