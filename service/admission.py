@@ -131,6 +131,8 @@ class Admission:
         self._admitted = self._busy = self._too_large = 0
         first = read()
         self.active = first is not None and first.limit is not None
+        if self.active and first is not None:
+            self._idle = first.working_set  # read again once the models are loaded (rebase)
 
     # ------------------------------------------------------------------ readings
 
@@ -208,11 +210,13 @@ class Admission:
         margin = self.margin(reading.limit)
         with self._lock:
             capacity = self._capacity(reading)
-            if hold + need > capacity:
+            need_grown = int(GROWTH * need)
+            if hold + need_grown > capacity:
                 self._too_large += 1
                 raise PayloadTooLargeError(
                     f"body: {what} would hold about {hold} bytes and a one-sample plan of "
-                    f"{model or 'the model'} needs {need}: {hold + need} in all, more than the "
+                    f"{model or 'the model'} needs {need} ({need_grown} as the group grows "
+                    f"when it runs): {hold + need_grown} in all, more than the "
                     f"{max(0, capacity)} bytes the memory limit leaves ({reading.limit} bytes on "
                     f"cgroup {(reading.bound.path if reading.bound else reading.group)}, "
                     f"{self._idle} in use when idle, {margin} margin); send fewer samples per "

@@ -78,7 +78,11 @@ async def _in_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """``func`` on a worker thread, its result handed over in a box emptied here: an idle
     worker thread keeps a reference to the last result it returned, which would keep the
     samples (and, under a memory limit, what they hold in ``service.admission``) alive."""
-    box = await run_in_threadpool(lambda: [func(*args, **kwargs)])
+    def boxed() -> list[T]:
+        return [func(*args, **kwargs)]
+
+    boxed.__name__ = getattr(func, "__name__", "boxed")  # as the hop is named (logs, tests)
+    box = await run_in_threadpool(boxed)
     return box.pop()
 
 
