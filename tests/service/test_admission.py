@@ -139,18 +139,23 @@ def test_plans_get_what_is_left_less_the_reserve(recorded: Recorded) -> None:
     leased = [0]
     admission = _admission(recorded, leased)
     capacity = LIMIT - IDLE - MARGIN
-    assert admission.ceiling() == capacity
-    def live(held: int = 0) -> int:  # the group's headroom, less what it will grow by
-        return int((LIMIT - IDLE - MARGIN // 4 - held) / GROWTH)
+    assert admission.ceiling() == int(capacity / GROWTH)
 
-    ledger = capacity - capacity // RESERVE_SHARE
-    assert admission.plan_free() == min(ledger, live())
+    def expected(held: int, in_group: int) -> int:
+        """The ledger's room less the reserve, or the group's headroom less what is coming
+        and a quarter of the margin, whichever is less, over what a plan grows the group by."""
+        room = capacity - held
+        reserve = max(0, min(capacity // RESERVE_SHARE, room - int(GROWTH * NEED)))
+        headroom = LIMIT - in_group - (held if in_group == IDLE else 0) - MARGIN // 4
+        return int(min(room - reserve, headroom) / GROWTH)
+
+    assert admission.plan_free() == expected(0, IDLE)
     ticket = asyncio.run(admission.admit("m", 100 * MiB))
     # the request's bytes are not the plans': held in the ledger, unread in the group
-    assert admission.plan_free() == min(ledger - 100 * MiB, live(100 * MiB))
+    assert admission.plan_free() == expected(100 * MiB, IDLE)
     admission.resize(ticket, 100 * MiB)  # read: in the group now
     recorded.use(IDLE + 100 * MiB)
-    assert admission.plan_free() == min(ledger - 100 * MiB, live(100 * MiB))
+    assert admission.plan_free() == expected(100 * MiB, IDLE + 100 * MiB)
     # the group grew beyond the ledger (an allocator's pool): plans get less, by the reading
     recorded.use(LIMIT - 2 * MARGIN)
     assert admission.plan_free() == int((2 * MARGIN - MARGIN // 4) / GROWTH)
