@@ -50,8 +50,8 @@ MIN_MARGIN = 16 * 2**20  # kept back under a limit for Python, the HTTP stack an
 MARGIN_SHARE = 32        # ... or 1/MARGIN_SHARE of the limit, whichever is more
 REBASE_S = 0.5           # the idle working set is read at most this often
 # a plan's first runs grow the group by up to this times its bytes (ONNX Runtime's arena and
-# the allocator round and keep what they were asked for, its sessions are made; measured on
-# resnet18 at 448 px: up to 1.7x on a cold server)
+# the allocator round and keep what they were asked for, its sessions are made): a lease
+# counts this many times against the limit (docs/operations.md, "Sizing a memory limit")
 GROWTH = 2.0
 ADMIT_WAIT_S = 2.0       # a request waits in line this long for memory before 503
 POLL_S = 0.005           # the first in line re-reads the group this often
