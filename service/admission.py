@@ -2,24 +2,22 @@
 
 Why: inside a cgroup limit the kernel kills the whole process when the group's working set
 reaches the limit, and every request waiting in the queue holds its body and decoded input
-(twelve 8-sample requests at 448 px are 230 MB before any plan runs). So, when a limit applies
-(``workers.cgroup``), the memory under it is kept as a ledger:
+before any plan runs. So, when a limit applies (``workers.cgroup``), the memory under it is
+kept as a ledger:
 
-    limit = idle working set + what admitted requests hold + live plan leases + margin
+    limit = idle working set + what admitted requests hold + GROWTH x live leases + margin
 
-The idle working set is read whenever nothing is held or leased (weights, runtimes, buffers:
+The idle working set is read whenever nothing is held or leased (weights, runtimes, caches:
 what stays), after giving the allocator's free pages back (``malloc_trim``). A request is
-admitted before its body is read, on its Content-Length: its estimated hold (the body, its
-decoded samples; ``HOLD_FACTORS``) plus a one-sample plan of its model must fit beside what is
-held and leased already, and what is not in the group yet (bodies not read, plans not
-allocated) must fit in the group's headroom read now; a request that does not fit waits in
-line (FIFO, ``ADMIT_WAIT_S``), its body unread, then gets 503 with Retry-After; one that would
-not fit even in an idle server gets 413 naming the limit at once. Once decoded, its hold is set
-to what it really holds. Plans may
-use what the ledger leaves, less a reserve for requests arriving while a batch runs, and never
-more than the group's headroom read now (``plan_free``, the memory probe's source); a batch
-for which that is less than a one-sample plan waits for memory (``ceiling``), it never starts.
-Without a limit nothing is refused here: the probe reads MemAvailable as before.
+admitted before its body is read, on its Content-Length: its estimated hold (``HOLD_FACTORS``)
+and a one-sample plan must fit in the ledger, and what is not in the group yet (bodies unread,
+plans not allocated) in the group's headroom read now; one that does not fit waits in line
+(FIFO, ``ADMIT_WAIT_S``), its body unread, then gets 503 with Retry-After; one that would not
+fit even in an idle server gets 413 naming the limit at once. Plans may use what the ledger
+leaves, less a reserve for requests arriving meanwhile, and never more than the group's
+headroom read now (``plan_free``, the memory probe's source); a batch for which that is less
+than a one-sample plan waits for memory (``ceiling``), it never starts. Without a limit
+nothing is refused here: the probe reads MemAvailable as before.
 """
 
 from __future__ import annotations
