@@ -1,7 +1,7 @@
 """What an idle `vbs serve` costs in CPU: three models served, each having answered, then
 nobody asking.
 
-    python bench/idle.py [--model mobilenet_v2,mnasnet0_5,squeezenet1_0] [--seconds 30]
+    python bench/idle.py [--model mobilenet_v2,mnasnet0_5,mobilenet_v3_large] [--seconds 30]
                          [--requests 20] [--runtime auto] [--batch-max 8] [--threads 2]
 
 `vbs serve` (its own process, ``--runtime``, ample memory) serves the models; each gets
@@ -43,7 +43,7 @@ def _npy(x: np.ndarray) -> bytes:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    ap.add_argument("--model", default="mobilenet_v2,mnasnet0_5,squeezenet1_0",
+    ap.add_argument("--model", default="mobilenet_v2,mnasnet0_5,mobilenet_v3_large",
                     help="models, comma-separated")
     ap.add_argument("--seconds", type=float, default=30.0, help="the idle window")
     ap.add_argument("--requests", type=int, default=20, help="requests per model and size")

@@ -154,6 +154,9 @@ class Batcher:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.gather_limit, self._times = await loop.run_in_executor(self._executor, self._outlook)
+        # the batch buffer now, not at the first batch: under a memory limit it is part of
+        # what stays (service.admission reads that when the model is ready)
+        await loop.run_in_executor(self._executor, self._batch_buffer, self.worker.batch_max)
         self._task = asyncio.create_task(self._loop(), name=f"vbs-batcher-{self.name}")
 
     async def close(self, timeout_s: float | None = None) -> None:
@@ -253,6 +256,7 @@ class Batcher:
                 stopping = stopping or stop
                 if batch:
                     await self._dispatch(batch)  # answered: the next batch is gathered
+                batch = []  # not kept while it is: its samples are given back now
             await self._idle.wait()  # a batch ``submit`` started: answered before closing ends
         except asyncio.CancelledError:
             for p in self._inflight:
@@ -422,7 +426,9 @@ class Batcher:
                                    version)
                       for p, (y, encoded, copy_s, encode_s) in zip(batch, done.rows)]
         except Exception as exc:  # noqa: BLE001 - the failure goes to every request of the batch
-            result = exc
+            # without its traceback: its frames hold the batch's samples until the cyclic
+            # garbage collector runs (under a memory limit they count until then)
+            result = exc.with_traceback(None)
         try:
             loop.call_soon_threadsafe(self._answer, batch, result, answered, done)
         except RuntimeError:  # the loop has closed: nobody is waiting any more

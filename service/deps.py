@@ -33,6 +33,7 @@ from starlette.datastructures import QueryParams
 from starlette.responses import Response
 
 from planner.settings import Settings
+from service.admission import estimate_hold
 from service.errors import AuthError, PayloadTooLargeError, RequestError
 from service.metrics import Metrics
 from service.registry import Registry
@@ -171,15 +172,50 @@ class NoQuery(BaseModel):
 Q = TypeVar("Q", bound=BaseModel)
 
 
-async def inference_call(request: Request, query: type[Q]) -> tuple[Q, bytes]:
+async def inference_call(request: Request, query: type[Q],
+                         model: str | None = None) -> tuple[Q, bytes]:
     """What an inference route's dependencies would give it: the API key checked, the query
-    parameters validated (400 naming the parameter, as FastAPI's own) and the body read."""
+    parameters validated (400 naming the parameter, as FastAPI's own) and the body read.
+
+    Under a memory limit the request is admitted (``service.admission``) before its body is
+    read: 503 + Retry-After or 413 instead; its ticket is ``request.state.vbs_ticket``, which
+    the route gives back (``release_ticket``) once it has answered."""
     settings: Settings = request.app.state.settings
     if settings.api_key is not None:
         check_api_key(settings, bearer_token(request))
     query_string = request.scope.get("query_string", b"")
     parse = _parameters if len(query_string) <= CACHED_QUERY_BYTES else _parameters.__wrapped__
-    return parse(query, query_string), await read_body(request, settings)
+    parsed = parse(query, query_string)
+    registry = getattr(request.app.state, "registry", None)
+    admission = registry.admission if registry is not None else None
+    if admission is not None and admission.active:
+        declared = request.headers.get("content-length")
+        size = int(declared) if declared is not None and declared.strip().isdigit() else 0
+        request.state.vbs_ticket = await admission.admit(
+            model if model is not None else getattr(parsed, "model", None),
+            estimate_hold(size, body_kind(request)))
+        try:
+            return parsed, await read_body(request, settings)
+        except BaseException:
+            release_ticket(request)
+            raise
+    return parsed, await read_body(request, settings)
+
+
+def body_kind(request: Request) -> str:
+    """binary, json or image: how much a body of its type holds once decoded."""
+    if is_json(request):
+        return "json"
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    return "image" if kind.startswith("image/") or kind == "multipart/form-data" else "binary"
+
+
+def release_ticket(request: Request) -> None:
+    """What the request held under the memory limit is free again (once; none: nothing)."""
+    ticket = getattr(request.state, "vbs_ticket", None)
+    if ticket is not None:
+        request.state.vbs_ticket = None
+        request.app.state.registry.admission.release(ticket)
 
 
 CACHED_QUERY_BYTES = 1024  # longer query strings are parsed every time (the cache stays small)

@@ -39,6 +39,7 @@ from planner.solver.table import PlanTable
 from planner.store import Backoff, PlanStore, open_async_store, open_store, printable_location
 from planner.store.base import AsyncPlanStore
 from planner.store.keys import table_id
+from service.admission import Admission
 from service.batcher import Batcher
 from service.codecs import Preprocess, build_preprocess, labels_for
 from service.errors import ModelNotFoundError, RequestError, UnavailableError
@@ -175,6 +176,12 @@ class Registry:
         self._executors: dict[str, ThreadPoolExecutor] = {}  # model -> its torch thread
         self.arbiters: dict[str, Arbiter] = {}  # device -> the arbiter of its memory
         self.probes: dict[str, MemoryProbe] = {}  # device -> the one reading of its free memory
+        # under a cgroup memory limit (CPU): what requests hold counts as the plans do
+        self.admission = Admission(lambda: self.arbiters["cpu"].leased if "cpu" in self.arbiters
+                                   else 0, self.one_sample_bytes,
+                                   margin=settings.memory_margin_bytes)
+        if settings.device != "cpu":
+            self.admission.active = False
         self.arbiter(settings.device)
         self._store: PlanStore | None = None
         self._store_lock = threading.Lock()
@@ -229,16 +236,33 @@ class Registry:
         """Every device's arbiter: budget, shares, leases, high water, overcommits (JSON)."""
         return [a.snapshot().to_json() for a in self.arbiters.values()]
 
+    def one_sample_bytes(self, name: str | None = None) -> int:
+        """The bytes of model ``name``'s one-sample plan (None or not ready: the largest of
+        the ready models'; 0 when none is ready)."""
+        entry = self.entries.get(name) if name is not None else None
+        if entry is not None and entry.ready:
+            return int(entry.table.min_peaks[0])
+        return max((int(e.table.min_peaks[0]) for e in self.entries.values() if e.ready),
+                   default=0)
+
     def arbiter(self, device: str) -> Arbiter:
         """The memory arbiter of ``device`` (one per device, built on first use)."""
         found = self.arbiters.get(device)
         if found is None:
             s = self.settings
-            probe = self.probes[device] = MemoryProbe(device=device, limit=s.memory_limit_bytes,
-                                                      margin=s.memory_margin_bytes)
+            limited = device == "cpu" and self.admission.active  # the ledger keeps the margin
+            probe = self.probes[device] = MemoryProbe(
+                device=device, limit=s.memory_limit_bytes,
+                margin=0 if limited else s.memory_margin_bytes,
+                source=self.admission.plan_free if limited else None)
+            ceiling = None
+            if limited:
+                def ceiling() -> int:
+                    most = self.admission.ceiling()
+                    return min(most, probe.limit) if probe.limit else most
             serial = device == "cpu" and s.cpu_model_threads == "shared"
             found = self.arbiters[device] = Arbiter(device, probe.free, mode=s.memory_sharing,
-                                                    serial=serial,
+                                                    serial=serial, ceiling=ceiling,
                                                     listener=MemoryListener(self.metrics))
         return found
 
@@ -368,6 +392,7 @@ class Registry:
         entry.error = None
         entry.state = READY
         self.metrics.model_ready.labels(entry.name).set(1)
+        self.admission.rebase()  # what stays with this model loaded: weights, buffers
         self.metrics.table_version.labels(entry.name).set(entry.table_version or 0)
         table = entry.table
         log.info("%s: ready in %.1f s: input %s, table v%s (%s, %d plans, b <= %d, fingerprint %s)",

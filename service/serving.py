@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import orjson
@@ -42,7 +42,8 @@ MULTIPART = "multipart/form-data"
 SUPPORTED = "application/json, application/x-npy, application/octet-stream, " \
             "multipart/form-data (JPEG/PNG files), image/jpeg or image/png"
 INLINE_DECODE_BYTES = 2 * 2**20  # binary bodies up to this are decoded on the event loop
-V2_FIELD = "inputs[0].data"  # where an OIP v2 request carries its samples
+V2_FIELD = "inputs[0].data"
+T = TypeVar("T")  # where an OIP v2 request carries its samples
 
 
 @dataclass(frozen=True)
@@ -73,12 +74,24 @@ def _timed(decode: Callable[..., np.ndarray], *args: Any, **kwargs: Any) -> tupl
     return x, time.perf_counter() - t0
 
 
+async def _in_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``func`` on a worker thread, its result handed over in a box emptied here: an idle
+    worker thread keeps a reference to the last result it returned, which would keep the
+    samples (and, under a memory limit, what they hold in ``service.admission``) alive."""
+    def boxed() -> list[T]:
+        return [func(*args, **kwargs)]
+
+    boxed.__name__ = getattr(func, "__name__", "boxed")  # as the hop is named (logs, tests)
+    box = await run_in_threadpool(boxed)
+    return box.pop()
+
+
 async def _binary(body: bytes, decode: Callable[..., np.ndarray], *args: Any, **kwargs: Any
                   ) -> tuple[np.ndarray, float]:
     """A binary body decoded on the event loop when small, else in a worker thread."""
     if len(body) <= INLINE_DECODE_BYTES:
         return _timed(decode, body, *args, **kwargs)
-    return await run_in_threadpool(_timed, decode, body, *args, **kwargs)
+    return await _in_thread(_timed, decode, body, *args, **kwargs)
 
 
 def media_type(headers: Mapping[str, str]) -> str:
@@ -120,7 +133,7 @@ async def decode_infer(request: Request, body: bytes, query: InferQuery) -> Deco
         return entry
 
     if kind in JSON_TYPES or kind.endswith("+json"):
-        return await run_in_threadpool(_decode_json, body, named, model, top_k, limit)
+        return await _in_thread(_decode_json, body, named, model, top_k, limit)
     if kind in NPY_TYPES or kind in RAW_TYPES:
         entry = named(model)
         k = _check_top_k(entry, top_k)
@@ -143,7 +156,7 @@ async def decode_infer(request: Request, body: bytes, query: InferQuery) -> Deco
             raise field_error("files", f"{entry.name} takes input "
                                        f"{codecs.model_shape_text(entry.input_shape)}, not "
                                        "images: send tensors (JSON, .npy or raw bytes)")
-        x, spent = await run_in_threadpool(_timed, codecs.decode_images, parts, entry.preprocess,
+        x, spent = await _in_thread(_timed, codecs.decode_images, parts, entry.preprocess,
                                            entry.image_mode, entry.input_shape, limit,
                                            settings.max_image_pixels)
         return Decoded(entry, x, k, decode_s=spent, field="files")
@@ -219,8 +232,25 @@ async def decode_v2(request: Request, name: str, body: bytes) -> Decoded:
     if header is not None:  # binary tensors: a small JSON header and views of the bytes
         (req, x), spent = await _binary(body, decode)
     else:
-        (req, x), spent = await run_in_threadpool(_timed, decode, body)
+        (req, x), spent = await _in_thread(_timed, decode, body)
     return Decoded(entry, x, v2=req, decode_s=spent, field=V2_FIELD)
+
+
+def hold(request: Request, body: bytes, decoded: Decoded) -> None:
+    """Under a memory limit: the request holds its body, its samples (unless a view of the
+    body) and its outputs now; the ledger learns the exact bytes (503 when more than its
+    Content-Length said and no longer fitting)."""
+    ticket = getattr(request.state, "vbs_ticket", None)
+    if ticket is None:
+        return
+    x = decoded.x
+    held = len(body)
+    if not (held and np.may_share_memory(x, np.frombuffer(body, np.uint8))):
+        held += x.nbytes
+    out = int(np.prod(decoded.entry.output_shape, dtype=np.int64)) * 4 * x.shape[0]
+    admission = request.app.state.registry.admission
+    admission.resize(ticket, held + 3 * out)  # y, and its encoding
+    admission.keep(ticket, x)  # a batch may keep the samples after a timeout answered it
 
 
 async def run(decoded: Decoded, state: Any) -> Outcome:
@@ -298,5 +328,5 @@ def v2_parameters(outcome: Outcome) -> dict[str, Any]:
     return params
 
 
-__all__ = ["Decoded", "decode_infer", "decode_v2", "infer_response", "plan_json", "run",
+__all__ = ["Decoded", "decode_infer", "decode_v2", "hold", "infer_response", "plan_json", "run",
            "run_json", "timing_json", "v2_parameters", "v2_response"]

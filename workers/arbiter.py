@@ -13,7 +13,10 @@ demand level, a table or the budget changes; ``static``, equal shares by weight;
 no enforcement (leases recorded, overcommits counted: the behaviour before the arbiter). A
 batch that cannot get its share takes a smaller plan that fits what is free (a step-down) or
 waits in one FIFO line per device, so nothing starves; it gives up with LeaseTimeoutError only
-after its timeout. Every grant checks the sum of live leases against the budget; a listener
+after its timeout. A batch whose one-sample plan needs more than is free fails at once
+(InfeasibleError), unless a ``ceiling`` says the most the budget can become (under a memory
+limit, with nothing else held): below it, the batch waits for the memory, and gives up after
+``STARVED_S`` when no lease is alive to free any (what holds it waits for this batch). Every grant checks the sum of live leases against the budget; a listener
 (the service's metrics) hears budgets, shares, leases, waits and step-downs.
 docs/architecture.md, "Several models on one device", says more.
 """
@@ -37,6 +40,7 @@ log = logging.getLogger("vbs.arbiter")
 
 MODES = ("arbiter", "static", "none")
 REREAD_S = 0.1  # a waiting batch re-reads the device this often (another process may free memory)
+STARVED_S = 1.0  # under a ceiling, a batch gives up after this long with nothing leased
 
 
 class Sized(Protocol):
@@ -127,7 +131,7 @@ class Arbiter:
 
     def __init__(self, device: str, read_free: Callable[[], int], *, mode: str = "arbiter",
                  serial: bool = False, listener: ArbiterListener | None = None,
-                 levels: int = LEVELS) -> None:
+                 levels: int = LEVELS, ceiling: Callable[[], int] | None = None) -> None:
         if mode not in MODES:
             raise UsageError(f"memory_sharing {mode!r}: use one of {', '.join(MODES)}")
         self.device = device
@@ -136,6 +140,7 @@ class Arbiter:
         self.listener = listener
         self.levels = levels
         self._read_free = read_free
+        self._ceiling = ceiling  # the most plans could get: a need above it never fits
         self._cond = threading.Condition()
         self._claims: dict[str, Claim] = {}
         self._live: dict[int, tuple[str, int]] = {}
@@ -271,7 +276,17 @@ class Arbiter:
                         if not queued:
                             self._enqueue(model, ticket)
                             queued = True
-                    remaining = deadline - time.monotonic()
+                    now = time.monotonic()
+                    remaining = deadline - now
+                    if (self._ceiling is not None and not self._live
+                            and now - started > STARVED_S):
+                        # nothing leased will come back: what holds the memory is waiting
+                        # for this batch (its own requests, others queued behind it)
+                        raise LeaseTimeoutError(
+                            f"{model}: waited {now - started:.1f} s for the {need} bytes of a "
+                            f"one-sample plan, but only {budget} are free for plans on "
+                            f"{self.device} and no batch is running to free more: the "
+                            "requests waiting hold the rest of the memory limit; retry")
                     if remaining <= 0:
                         raise LeaseTimeoutError(
                             f"{model}: waited {timeout_s:.1f} s for {need} bytes of memory "
@@ -321,6 +336,8 @@ class Arbiter:
         return budget
 
     def _check_need(self, model: str, need: int, budget: int) -> None:
+        if self._ceiling is not None:  # below it, a batch waits for the memory (see acquire)
+            budget = max(0, int(self._ceiling()))
         if need > budget:
             raise InfeasibleError(
                 f"{model}: its smallest plan (one sample) needs {need} bytes, but only {budget} "

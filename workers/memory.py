@@ -2,11 +2,10 @@
 
 CUDA: what the driver reports free (``torch.cuda.mem_get_info``) plus what PyTorch's caching
 allocator holds but does not use (reserved − allocated): both can be given to a plan.
-CPU: the container's cgroup limit minus its usage (cgroup v2 ``memory.max`` −
-``memory.current``, or v1 ``memory.limit_in_bytes`` − ``memory.usage_in_bytes``) when a
-limit is set, else the kernel's ``MemAvailable``. Either way the result is capped by the
-configured limit and a safety margin is kept back, because other allocations (the request
-tensors, Python objects, the HTTP stack) happen beside the plan.
+CPU: the least headroom under the cgroup memory limits on this process's path (limit minus
+working set, ``workers.cgroup``), never more than the kernel's ``MemAvailable``. Either way
+the result is capped by the configured limit and a safety margin is kept back, because other
+allocations (the request tensors, Python objects, the HTTP stack) happen beside the plan.
 """
 
 from __future__ import annotations
@@ -15,52 +14,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-UNLIMITED = 1 << 62  # cgroup v1 reports "no limit" as a number close to 2**63
+from workers.cgroup import mem_available, parse_limit, parse_meminfo, read_cgroup
+
+__all__ = ["MemoryProbe", "cgroup_free", "cpu_free", "cuda_free", "parse_limit", "parse_meminfo",
+           "release_cached"]
 
 
-def parse_limit(text: str) -> int | None:
-    """A cgroup limit file's content: a number of bytes, or None for no limit."""
-    text = text.strip()
-    if not text or text == "max":
-        return None
-    value = int(text)
-    return None if value >= UNLIMITED else value
+def cgroup_free(proc: Path = Path("/proc"), fs_root: Path = Path("/")) -> int | None:
+    """Bytes left under the tightest cgroup memory limit on this process's path (its limit
+    minus its working set, ``workers.cgroup``), or None when no limit applies."""
+    group = read_cgroup(proc, fs_root)
+    return None if group is None else group.free
 
 
-def parse_meminfo(text: str, key: str = "MemAvailable") -> int | None:
-    """A field of /proc/meminfo in bytes."""
-    for line in text.splitlines():
-        if line.startswith(key + ":"):
-            parts = line.split()
-            return int(parts[1]) * (1024 if len(parts) > 2 and parts[2] == "kB" else 1)
-    return None
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except OSError:
-        return None
-
-
-def cgroup_free(root: Path = Path("/sys/fs/cgroup")) -> int | None:
-    """Bytes left under this process's cgroup memory limit, or None when there is none."""
-    for limit_file, usage_file in (("memory.max", "memory.current"),
-                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
-        limit_text, usage_text = _read(root / limit_file), _read(root / usage_file)
-        if limit_text is None or usage_text is None:
-            continue
-        limit = parse_limit(limit_text)
-        if limit is None:
-            return None
-        return max(0, limit - int(usage_text.strip()))
-    return None
-
-
-def cpu_free(root: Path = Path("/sys/fs/cgroup"), meminfo: Path = Path("/proc/meminfo")) -> int:
-    """Free memory for a CPU worker: the cgroup's headroom, else MemAvailable."""
-    free = cgroup_free(root)
-    available = parse_meminfo(_read(meminfo) or "")
+def cpu_free(proc: Path = Path("/proc"), fs_root: Path = Path("/")) -> int:
+    """Free memory for a CPU worker: the cgroup's headroom, never more than MemAvailable."""
+    free = cgroup_free(proc, fs_root)
+    available = mem_available(proc)
     if free is None:
         return available or 0
     return min(free, available) if available is not None else free

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from service import serving
-from service.deps import InferQuery, LeanRoute, inference_call, lean_openapi
+from service.deps import InferQuery, LeanRoute, inference_call, lean_openapi, release_ticket
 from service.errors import error_responses
 
 router = APIRouter(tags=["inference"], route_class=LeanRoute)
@@ -45,9 +45,11 @@ _ERRORS = error_responses({
     400: "a bad field, shape, dtype or encoding ({\"error\": ...} names it)",
     401: "missing or wrong API key",
     404: "no such model",
-    413: "body or samples over the limit (max_body_bytes, max_json_bytes, max_samples_per_request)",
+    413: "body or samples over the limit (max_body_bytes, max_json_bytes, "
+         "max_samples_per_request), or more than fits under the memory limit",
     415: "unsupported Content-Type",
-    503: "loading, queue full, shutting down or no memory now (Retry-After)",
+    503: "loading, queue full, shutting down or no memory now, before the body is read "
+         "(Retry-After)",
     504: "not answered within request_timeout_s",
 })
 
@@ -56,7 +58,11 @@ _ERRORS = error_responses({
              summary="Run samples through a model with the plan for the memory free now")
 async def post_infer(request: Request) -> Response:
     request.state.vbs_endpoint = "infer"
-    query, body = await inference_call(request, InferQuery)
-    decoded = await serving.decode_infer(request, body, query)
-    outcome = await serving.run(decoded, request.state)
-    return serving.infer_response(decoded, outcome)
+    try:
+        query, body = await inference_call(request, InferQuery)
+        decoded = await serving.decode_infer(request, body, query)
+        serving.hold(request, body, decoded)
+        outcome = await serving.run(decoded, request.state)
+        return serving.infer_response(decoded, outcome)
+    finally:
+        release_ticket(request)

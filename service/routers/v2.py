@@ -11,7 +11,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from service import codecs, serving
-from service.deps import LeanRoute, NoQuery, RegistryDep, inference_call, lean_openapi
+from service.deps import (LeanRoute, NoQuery, RegistryDep, inference_call, lean_openapi,
+                          release_ticket)
 from service.errors import BAD_REQUEST, NO_MODEL, NOT_READY, error_responses
 from service.registry import ModelEntry
 from service.routers.health import readiness
@@ -81,10 +82,14 @@ async def post_model_infer(request: Request, name: str) -> Response:
     """A ``LeanRoute``: declares only the request and the path (see
     ``service.routers.inference``)."""
     request.state.vbs_endpoint = "v2_infer"
-    _, body = await inference_call(request, NoQuery)
-    decoded = await serving.decode_v2(request, name, body)
-    outcome = await serving.run(decoded, request.state)
-    return serving.v2_response(decoded, outcome)
+    try:
+        _, body = await inference_call(request, NoQuery, name)
+        decoded = await serving.decode_v2(request, name, body)
+        serving.hold(request, body, decoded)
+        outcome = await serving.run(decoded, request.state)
+        return serving.v2_response(decoded, outcome)
+    finally:
+        release_ticket(request)
 
 
 router.add_api_route(
@@ -94,6 +99,6 @@ router.add_api_route(
         400: "a bad tensor ({\"error\": ...} names the field)",
         401: "missing or wrong API key", 404: "no such model",
         413: "body or samples over the limit (max_body_bytes, max_json_bytes, "
-             "max_samples_per_request)",
+             "max_samples_per_request), or more than fits under the memory limit",
         503: "loading, queue full, shutting down or no memory now (Retry-After)",
         504: "not answered within request_timeout_s"}))

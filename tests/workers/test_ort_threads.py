@@ -22,6 +22,7 @@ from planner.models import ModelSpec, load_model
 from planner.profiling.profiler import ProfileOptions, measure
 from planner.solver.table import build_table
 from planner.tree import iter_layers
+from workers.executor import _one_call
 from workers.memory import MemoryProbe
 from workers.worker import Worker
 
@@ -29,7 +30,7 @@ ort = pytest.importorskip("onnxruntime")
 from planner.runtimes.onnxrt import SPIN, STOP, OrtUnits, session_options  # noqa: E402
 
 SHAPE = (3, 64, 64)
-WINDOW_S = 0.5
+WINDOW_S = 1.0
 
 
 def _tasks() -> set[str]:
@@ -84,7 +85,7 @@ def test_a_sessions_threads_are_asleep_once_its_call_returns_and_spin_without_th
     spinning.add_session_config_entry(STOP, "0")
     spinning.add_session_config_entry("session.intra_op.spin_duration_us", str(int(1e6 * WINDOW_S)))
     control, control_threads = started(spinning)
-    assert _after(lambda: control.run(None, feed), control_threads) >= 10
+    assert _after(lambda: control.run(None, feed), control_threads) >= 5  # a busy machine lends it less
 
 
 def test_a_served_models_sessions_use_the_policy_and_go_to_sleep_idle() -> None:
@@ -107,6 +108,12 @@ def test_a_served_models_sessions_use_the_policy_and_go_to_sleep_idle() -> None:
     assert idle <= 1
     for y in outputs:
         torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4 * float(expected.abs().max()))
+    # one sample: the whole model in one call, made without the walk, equals the model too
+    one = worker.choose(worker.table, 1, worker.table.top_bytes)
+    assert _one_call(cap, one.program.steps, one.runs, 1), one.plan_id
+    y, _ = worker.infer(x[:1])
+    torch.testing.assert_close(y, expected[:1], rtol=1e-4,
+                               atol=1e-4 * float(expected.abs().max()))
 
 
 def test_the_profiler_measures_with_the_threads_serving_runs() -> None:

@@ -10,7 +10,7 @@ from planner.graph.capture import capture
 from planner.models import ModelSpec, load_model
 from planner.profiling.profiler import ProfileOptions, measure
 from planner.solver.table import build_table
-from workers.memory import MemoryProbe, cgroup_free, cpu_free, parse_limit, parse_meminfo
+from workers.memory import MemoryProbe
 from workers.worker import Worker
 
 
@@ -20,29 +20,6 @@ def _worker(name: str, shape: tuple[int, ...], batch_max: int = 4, solver: str =
     profile = measure(cap, ProfileOptions(batch_max=batch_max, repeats=1, warmup=0), progress=False)
     table = build_table(profile, solver=solver, slot_count=64)
     return Worker(cap, table, MemoryProbe("cpu"))
-
-
-def test_cgroup_and_meminfo_parsing(tmp_path) -> None:
-    assert parse_limit("max\n") is None and parse_limit("1048576\n") == 1048576
-    assert parse_limit(str(2**63 - 4096)) is None  # cgroup v1's "no limit"
-    assert parse_meminfo("MemTotal: 100 kB\nMemAvailable:  2048 kB\n") == 2048 * 1024
-    (tmp_path / "memory.max").write_text("1000000\n")
-    (tmp_path / "memory.current").write_text("250000\n")
-    assert cgroup_free(tmp_path) == 750000
-    v1 = tmp_path / "v1"
-    (v1 / "memory").mkdir(parents=True)
-    (v1 / "memory" / "memory.limit_in_bytes").write_text("5000\n")
-    (v1 / "memory" / "memory.usage_in_bytes").write_text("1000\n")
-    assert cgroup_free(v1) == 4000
-    assert cgroup_free(tmp_path / "none") is None
-
-
-def test_probe_reads_this_machine_and_applies_limit_and_margin() -> None:
-    assert cpu_free() > 0
-    probe = MemoryProbe("cpu", limit=10_000_000, margin=1_000_000)
-    assert probe.free() == 9_000_000  # this machine has far more than 10 MB free
-    probe.limit = 500_000
-    assert probe.free() == 0
 
 
 def test_worker_steps_down_until_the_plan_fits() -> None:

@@ -1,0 +1,316 @@
+"""vbs-serve and NVIDIA Triton (ONNX Runtime) inside the same memory limit, under bursts.
+
+    .venv-peers/bin/python bench/memory_limit.py --model resnet18 --shape 3,448,448 \\
+        --limits 1300MB,1700MB,2500MB [--servers vbs,triton-ort-1,...,triton-ort-16] \\
+        [--clients 1,8,32] [--requests 3] [--batch-max 16] [--json OUT]
+
+Every server runs in a memory cgroup of its own that this bench creates (v1 or v2, whichever
+the machine has; root needed), its limit set before it starts, as a pod's is: the server and
+every process it starts (Triton's Python backend stub) are inside it. ``vbs`` is `vbs serve`
+with the tables of a `vbs plan` run beforehand outside the limit (``--store``: planning
+profiles every layer, which a pod does once, elsewhere); ``triton-ort-B`` is the
+``tritonserver`` binary of nvidia-pytriton with its dynamic batcher at ``max_batch_size`` B
+feeding ONNX Runtime in its Python backend, with its defaults (``bench/peers_triton.py``), the
+same weights exported once.
+
+The load, the same for every server: bursts of C concurrent clients (``--clients``), each
+sending ``--requests`` requests one after the other, each of 1 to 16 samples (drawn with a fixed
+seed: the same sizes for every server); vbs-serve gets the samples as .npy, Triton as OIP v2
+binary tensors. Triton refuses a request larger than its ``max_batch_size``, so its clients
+send such a request as pieces of at most B samples, at once (what a user of it would do). A
+503 (vbs-serve's answer when memory is short; it carries Retry-After) counts as refused, not
+lost; anything else that is not a 200 (a connection dropped by a killed server, a 5xx) is
+failed/lost. For each server and limit: the group's OOM kills (the kernel's count), requests
+answered / refused / failed, samples/s answered over the bursts' wall time, p50/p99 of the
+answered requests, and the group's peak usage (v1 ``memory.max_usage_in_bytes``, v2
+``memory.peak``). A server that dies is not restarted within its limit: its later requests fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from planner.solver.memory import parse_bytes  # noqa: E402
+from service.loadtest import request_body  # noqa: E402
+from workers.cgroup import memory_mounts  # noqa: E402
+
+MiB = 2**20
+
+
+class Group:
+    """A memory cgroup this bench made, with a limit (v1 or v2)."""
+
+    def __init__(self, name: str, limit: int) -> None:
+        v1, v2 = memory_mounts(Path("/proc/self/mountinfo").read_text())
+        if v1 is not None:
+            self.path, self.version = Path(v1.point) / name, 1
+        elif v2 is not None:
+            self.path, self.version = Path(v2.point) / name, 2
+        else:
+            raise SystemExit("no memory cgroup controller mounted: this bench needs one (root)")
+        self.path.mkdir()
+        (self.path / ("memory.limit_in_bytes" if self.version == 1 else "memory.max")).write_text(
+            str(limit))
+        self.limit = limit
+
+    def _int(self, name: str) -> int:
+        return int((self.path / name).read_text())
+
+    def peak(self) -> int:
+        return self._int("memory.max_usage_in_bytes" if self.version == 1 else "memory.peak")
+
+    def reset_peak(self) -> None:
+        if self.version == 1:
+            (self.path / "memory.max_usage_in_bytes").write_text("0")
+
+    def oom_kills(self) -> int:
+        name = "memory.oom_control" if self.version == 1 else "memory.events"
+        for line in (self.path / name).read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
+
+    def remove(self) -> None:
+        for _ in range(100):
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+def _port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(config: str, args: argparse.Namespace, group: Group, port: int,
+          log: Path) -> tuple[subprocess.Popen[bytes], str, str, int]:
+    """One server inside ``group``: (process, path, format, largest request it takes)."""
+    join = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group.path)]
+    env = {**os.environ, "VBS_CACHE_DIR": args.cache_dir, "PYTHONPATH": str(ROOT)}
+    shape = ",".join(map(str, args.shape))
+    if config == "vbs":
+        cmd = [args.vbs_python, "-c", "from service.commands import main; main()", "serve",
+               "--model", args.model, "--input-shape", shape, "--batch-max", str(args.batch_max),
+               "--store", args.store, "--port", str(port), "--grpc-port", "0",
+               "--log-level", "warning"]
+        path, fmt, most = "/infer", "npy", 16
+    else:
+        batch = int(config.rsplit("-", 1)[1])
+        cmd = [sys.executable, str(ROOT / "bench" / "peers.py"), "serve-triton", "--model",
+               args.model, "--port", str(port), "--grpc-port", str(_port()), "--batch",
+               str(batch), "--wait", str(args.triton_wait), "--threads", str(args.threads),
+               "--runtime", "ort", "--onnx", str(args.onnx), "--shape", shape]
+        path, fmt, most = f"/v2/models/{args.model}/infer", "oip", batch
+    process = subprocess.Popen([*join, *cmd], env=env, stdout=subprocess.DEVNULL,
+                               stderr=log.open("wb"), start_new_session=True)
+    return process, path, fmt, most
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(process.pid, 15)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        process.wait(timeout=30)
+
+
+def wait_answering(url: str, fmt: str, shape: tuple[int, ...], process: subprocess.Popen[bytes],
+                   timeout_s: float) -> str | None:
+    """None once the server answers a one-sample request; else why not."""
+    body, headers, _ = request_body(np.zeros((1, *shape), np.float32), fmt)
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=60) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                return f"exited {process.returncode} while starting"
+            try:
+                if client.post(url, content=body, headers=headers).status_code == 200:
+                    return None
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+    return f"not answering within {timeout_s:g} s"
+
+
+def plan_sizes(args: argparse.Namespace) -> list[list[list[int]]]:
+    """For each burst, for each client, the sizes of its requests (the same for every server)."""
+    rng = np.random.default_rng(args.seed)
+    return [[[int(s) for s in rng.integers(1, 17, args.requests)] for _ in range(c)]
+            for c in args.clients]
+
+
+async def burst(url: str, fmt: str, most: int, sizes: list[list[int]], shape: tuple[int, ...],
+                timeout_s: float) -> dict[str, Any]:
+    """One burst: every client at once, its requests one after the other."""
+    rng = np.random.default_rng(1)
+    sample = rng.standard_normal((16, *shape)).astype(np.float32)
+    bodies: dict[int, tuple[bytes, dict[str, str]]] = {}
+
+    def body(n: int) -> tuple[bytes, dict[str, str]]:
+        if n not in bodies:
+            b, h, _ = request_body(sample[:n], fmt)
+            bodies[n] = (b, h)
+        return bodies[n]
+
+    answered = refused = failed = samples = 0
+    latencies: list[float] = []
+
+    async def one(http: httpx.AsyncClient, n: int) -> str:
+        b, h = body(n)
+        try:
+            r = await http.post(url, content=b, headers=h)
+        except httpx.HTTPError:
+            return "failed"
+        if r.status_code == 200:
+            return "ok"
+        if r.status_code == 503 and r.headers.get("retry-after"):
+            return "refused"
+        return "failed"
+
+    async def client(http: httpx.AsyncClient, mine: list[int]) -> None:
+        nonlocal answered, refused, failed, samples
+        for n in mine:
+            t0 = time.perf_counter()
+            pieces = [min(most, n - k) for k in range(0, n, most)]
+            outcomes = await asyncio.gather(*(one(http, p) for p in pieces))
+            if all(o == "ok" for o in outcomes):
+                answered += 1
+                samples += n
+                latencies.append(time.perf_counter() - t0)
+            elif "failed" in outcomes:
+                failed += 1
+            else:
+                refused += 1
+
+    clients = len(sizes)
+    limits = httpx.Limits(max_connections=clients * 16, max_keepalive_connections=clients * 16)
+    t0 = time.perf_counter()
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as http:
+        await asyncio.gather(*(client(http, mine) for mine in sizes))
+    wall = time.perf_counter() - t0
+    return {"clients": clients, "answered": answered, "refused": refused, "failed": failed,
+            "samples": samples, "wall_s": wall, "latencies": latencies}
+
+
+def run_config(config: str, limit: int, args: argparse.Namespace,
+               sizes: list[list[list[int]]]) -> dict[str, Any]:
+    group = Group(f"vbs-bench-{config}-{os.getpid()}-{time.monotonic_ns()}", limit)
+    port = _port()
+    log = Path(args.work) / f"{config}-{limit}.log"
+    process, path, fmt, most = start(config, args, group, port, log)
+    row: dict[str, Any] = {"server": config, "limit_bytes": limit, "cgroup": group.version}
+    try:
+        why = wait_answering(f"http://127.0.0.1:{port}{path}", fmt, args.shape, process,
+                             args.start_timeout)
+        row["started"] = why is None
+        if why is not None:
+            row.update(error=why, oom_kills=group.oom_kills(), peak_bytes=group.peak())
+            return row
+        kills = group.oom_kills()
+        group.reset_peak()
+        bursts = [asyncio.run(burst(f"http://127.0.0.1:{port}{path}", fmt, most, s, args.shape,
+                                    args.timeout)) for s in sizes]
+        lat = sorted(x for b in bursts for x in b.pop("latencies"))
+        wall = sum(b["wall_s"] for b in bursts)
+        row.update(
+            oom_kills=group.oom_kills() - kills, alive=process.poll() is None,
+            answered=sum(b["answered"] for b in bursts),
+            refused=sum(b["refused"] for b in bursts),
+            failed=sum(b["failed"] for b in bursts),
+            samples=sum(b["samples"] for b in bursts), wall_s=wall,
+            samples_per_s=sum(b["samples"] for b in bursts) / wall if wall else 0.0,
+            p50_s=lat[len(lat) // 2] if lat else None,
+            p99_s=lat[min(len(lat) - 1, math.ceil(0.99 * len(lat)) - 1)] if lat else None,
+            peak_bytes=group.peak(), bursts=bursts)
+        return row
+    finally:
+        stop(process)
+        group.remove()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    ap.add_argument("--model", default="resnet18")
+    ap.add_argument("--shape", default="3,448,448")
+    ap.add_argument("--limits", default="1300MB,1700MB,2500MB")
+    ap.add_argument("--servers", default="vbs,triton-ort-1,triton-ort-2,triton-ort-4,"
+                                         "triton-ort-8,triton-ort-16")
+    ap.add_argument("--clients", default="1,8,32", help="clients of each burst")
+    ap.add_argument("--requests", type=int, default=3, help="requests per client per burst")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch-max", type=int, default=16, help="vbs-serve's largest request size")
+    ap.add_argument("--triton-wait", type=float, default=0.005)
+    ap.add_argument("--threads", type=int, default=0, help="Triton's ONNX Runtime threads")
+    ap.add_argument("--timeout", type=float, default=120.0, help="a request's client timeout")
+    ap.add_argument("--start-timeout", type=float, default=300.0)
+    ap.add_argument("--vbs-python", default=str(ROOT / ".venv" / "bin" / "python"))
+    ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "vbs-serve"))
+    ap.add_argument("--store", default=str(Path.home() / ".cache" / "vbs-serve" / "mem-store"),
+                    help="where `vbs plan` put the tables (planned beforehand, no limit)")
+    ap.add_argument("--json", help="write every row here")
+    args = ap.parse_args()
+    args.shape = tuple(int(d) for d in args.shape.split(","))
+    args.clients = [int(c) for c in args.clients.split(",")]
+    args.threads = args.threads or os.cpu_count() or 1
+    limits = [parse_bytes(x) for x in args.limits.split(",")]
+    sizes = plan_sizes(args)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="vbs-memlimit-") as work:
+        args.work = work
+        if any(s != "vbs" for s in args.servers.split(",")):
+            from peers_models import export_onnx
+
+            args.onnx = export_onnx(args.model, args.shape, Path(work) / f"{args.model}.onnx")
+        print("| server | limit (MiB) | OOM kills | answered | refused (503) | failed/lost | "
+              "samples/s | p50 (ms) | p99 (ms) | group peak (MiB) |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for limit in limits:
+            for config in args.servers.split(","):
+                row = run_config(config, limit, args, sizes)
+                rows.append(row)
+                print(table_row(row), flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+def table_row(row: dict[str, Any]) -> str:
+    mib = row["limit_bytes"] / MiB
+    if not row.get("started"):
+        return (f"| {row['server']} | {mib:.0f} | {row.get('oom_kills', 0)} | did not start: "
+                f"{row.get('error')} | | | | | | {row.get('peak_bytes', 0) / MiB:.0f} |")
+    ms = (lambda s: f"{1e3 * s:.0f}" if s is not None else "-")
+    dead = "" if row["alive"] else " (dead)"
+    return (f"| {row['server']} | {mib:.0f} | {row['oom_kills']}{dead} | {row['answered']} | "
+            f"{row['refused']} | {row['failed']} | {row['samples_per_s']:.1f} | "
+            f"{ms(row['p50_s'])} | {ms(row['p99_s'])} | {row['peak_bytes'] / MiB:.0f} |")
+
+
+if __name__ == "__main__":
+    main()

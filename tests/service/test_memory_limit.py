@@ -1,0 +1,239 @@
+"""A real `vbs serve` inside a memory cgroup this test creates: it reports the limit on
+``GET /models`` and keeps the group's peak usage under it through a burst of concurrent
+requests, each answered 200 or 503 with Retry-After (none lost, the process never killed).
+
+Needs root and a writable memory cgroup (v1 memory controller, or v2 with ``memory`` in the
+root's ``cgroup.subtree_control``); skipped with the reason elsewhere. The server starts under
+a loose limit (profiling and loading are not what is tested), is warmed up, and the limit is
+then lowered to its working set plus ``HEADROOM``, which the burst's requests and plans
+overrun several times over if nothing holds them back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.conftest import free_port
+from workers.cgroup import memory_mounts
+
+MiB = 2**20
+MODEL, SHAPE, BATCH_MAX = "squeezenet1_0", (3, 160, 160), 8
+HEADROOM = 160 * MiB
+CLIENTS, ROUNDS, SAMPLES = 32, 2, 8  # 32 x 8 x 0.3 MB in flight: bodies alone ~ 80 MB, x3 held
+READY_S = 150.0
+
+
+class Group:
+    """A memory cgroup made for the test (v1 or v2), removed after."""
+
+    def __init__(self, path: Path, version: int) -> None:
+        self.path, self.version = path, version
+
+    def _write(self, name: str, value: str) -> None:
+        (self.path / name).write_text(value)
+
+    def set_limit(self, limit: int) -> None:
+        self._write("memory.limit_in_bytes" if self.version == 1 else "memory.max", str(limit))
+
+    def working_set(self) -> int:
+        stat = dict(line.split() for line in (self.path / "memory.stat").read_text().splitlines())
+        if self.version == 1:
+            usage = int((self.path / "memory.usage_in_bytes").read_text())
+            return usage - int(stat["total_inactive_file"])
+        return int((self.path / "memory.current").read_text()) - int(stat["inactive_file"])
+
+    def usage(self) -> int:
+        name = "memory.usage_in_bytes" if self.version == 1 else "memory.current"
+        return int((self.path / name).read_text())
+
+    def reset_peak(self) -> None:
+        if self.version == 1:
+            self._write("memory.max_usage_in_bytes", "0")
+
+    def peak(self) -> int | None:
+        """The kernel's own peak since reset (v1); None on v2 (its peak is not reset here)."""
+        if self.version == 1:
+            return int((self.path / "memory.max_usage_in_bytes").read_text())
+        return None
+
+    def oom_kills(self) -> int:
+        name = "memory.oom_control" if self.version == 1 else "memory.events"
+        for line in (self.path / name).read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
+
+
+def _make_group() -> Group:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a memory cgroup (run the suite as root, or in a "
+                    "container with cgroup write access)")
+    v1, v2 = memory_mounts(Path("/proc/self/mountinfo").read_text())
+    name = f"vbs-test-{os.getpid()}-{time.monotonic_ns()}"
+    if v1 is not None:
+        path, version = Path(v1.point) / name, 1
+    elif v2 is not None and "memory" in (Path(v2.point) / "cgroup.subtree_control").read_text() \
+            .split():
+        path, version = Path(v2.point) / name, 2
+    else:
+        pytest.skip("no writable memory cgroup controller here (v1 memory not mounted, v2 "
+                    "without memory in the root's cgroup.subtree_control)")
+    try:
+        path.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot create a memory cgroup at {path}: {exc}")
+    return Group(path, version)
+
+
+@pytest.fixture
+def group() -> Iterator[Group]:
+    made = _make_group()
+    try:
+        yield made
+    finally:
+        for _ in range(50):
+            try:
+                made.path.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def _npy(x: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, x)
+    return buf.getvalue()
+
+
+def _serve(group: Group, tmp: Path, port: int) -> subprocess.Popen[bytes]:
+    """`vbs serve` started inside ``group`` (the shell joins it, then becomes the server)."""
+    env = {**os.environ, "VBS_CACHE_DIR": str(tmp / "cache"), "VBS_PROFILE_REPEATS": "1",
+           "VBS_PROFILE_WARMUP": "0", "VBS_SLOT_COUNT": "64", "VBS_GRPC_PORT": "0",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                          os.environ.get("PYTHONPATH", "")])}
+    serve = [sys.executable, "-c", "from service.commands import main; main()", "serve",
+             "--model", MODEL, "--input-shape", ",".join(map(str, SHAPE)),
+             "--batch-max", str(BATCH_MAX), "--store", str(tmp / "store"),
+             "--port", str(port), "--log-level", "warning"]
+    return subprocess.Popen(["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"',
+                             str(group.path), *serve], env=env,
+                            stdout=subprocess.DEVNULL, stderr=open(tmp / "serve.log", "wb"))
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + READY_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"vbs serve exited {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(url + "/v2/health/ready", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"vbs serve not ready in {READY_S} s: {log.read_text()[-2000:]}")
+
+
+async def _burst(url: str, body: bytes, group: Group) -> tuple[list[tuple[object, str | None]],
+                                                                  int]:
+    """CLIENTS clients, ROUNDS requests each, all at once; the group's working set sampled
+    meanwhile (the most seen)."""
+    seen = 0
+    done = False
+
+    async def sample() -> None:
+        nonlocal seen
+        while not done:
+            seen = max(seen, group.usage())
+            await asyncio.sleep(0.005)
+
+    async def client(http: httpx.AsyncClient, out: list[tuple[object, str | None]]) -> None:
+        for _ in range(ROUNDS):
+            try:
+                r = await http.post(url + "/infer", content=body,
+                                    headers={"content-type": "application/x-npy"})
+            except httpx.HTTPError as exc:
+                out.append((type(exc).__name__, None))
+                continue
+            if r.status_code == 200:
+                assert r.json()["output_shape"] == [SAMPLES, 1000]
+            out.append((r.status_code, r.headers.get("retry-after")))
+
+    out: list[tuple[object, str | None]] = []
+    watcher = asyncio.create_task(sample())
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=CLIENTS)) \
+            as http:
+        await asyncio.gather(*(client(http, out) for _ in range(CLIENTS)))
+    done = True
+    await watcher
+    return out, seen
+
+
+def test_vbs_serve_stays_under_its_cgroup_limit_through_a_burst(group: Group,
+                                                                tmp_path: Path) -> None:
+    group.set_limit(4096 * MiB)  # loose while it profiles and loads
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = _serve(group, tmp_path, port)
+    try:
+        _wait_ready(url, proc, tmp_path / "serve.log")
+        rng = np.random.default_rng(0)
+        for n in (1, 4, BATCH_MAX, 2):  # warm: each request size once
+            x = rng.standard_normal((n, *SHAPE)).astype(np.float32)
+            r = httpx.post(url + "/infer", content=_npy(x),
+                           headers={"content-type": "application/x-npy"}, timeout=60)
+            assert r.status_code == 200, r.text
+        time.sleep(0.6)  # idle: the server reads what stays (its idle working set)
+        limit = group.working_set() + HEADROOM
+        group.set_limit(limit)
+        group.reset_peak()
+        kills = group.oom_kills()
+
+        info = httpx.get(url + "/models", timeout=10).json()["memory_limit"]
+        assert info["limit_bytes"] == limit
+        assert info["cgroup_version"] == group.version
+        assert 0 < info["working_set_bytes"] < limit
+        assert 0 < info["plans_may_use_bytes"] < HEADROOM
+
+        x = rng.standard_normal((SAMPLES, *SHAPE)).astype(np.float32)
+        out, seen = asyncio.run(asyncio.wait_for(_burst(url, _npy(x), group), 120))
+
+        assert proc.poll() is None, "vbs serve was killed"
+        assert group.oom_kills() == kills
+        peak = group.peak()
+        assert max(seen, peak or 0) < limit, (seen, peak, limit)
+        counts = Counter(status for status, _ in out)
+        assert len(out) == CLIENTS * ROUNDS
+        assert set(counts) <= {200, 503}, counts  # no connection lost, no 5xx but 503
+        assert counts[200] >= CLIENTS // 4, counts  # it served, it did not refuse everything
+        assert all(after is not None and int(after) >= 1 for status, after in out
+                   if status == 503)
+        print(f"limit {limit >> 20} MiB, peak {max(seen, peak or 0) >> 20} MiB, {dict(counts)}")
+        for _ in range(20):  # every answered request gives back what it held
+            info = httpx.get(url + "/models", timeout=10).json()["memory_limit"]
+            if info["requests"] == 0:
+                break
+            time.sleep(0.25)
+        assert info["requests"] == 0 and info["held_bytes"] == 0, info
+        assert info["admitted"] >= counts[200]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)

@@ -1,0 +1,164 @@
+"""The memory limit probe (``workers.cgroup``) on recorded files: a temporary directory stands
+in for /proc and /sys/fs/cgroup, laid out as cgroup v1 (a hybrid host, as this project's CI
+machine), v2, nested groups whose parent holds the tighter limit, a container whose own group
+is mounted at the root, and no limit at all."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from workers.cgroup import memory_mounts, own_groups, parse_limit, parse_stat, read_cgroup
+from workers.memory import MemoryProbe, cgroup_free, cpu_free
+
+MiB = 2**20
+
+V1_MOUNTS = """\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+"""
+V2_MOUNTS = """\
+25 20 0:23 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate
+"""
+MEMINFO = "MemTotal:       24683520 kB\nMemFree: 100 kB\nMemAvailable:   20000000 kB\n"
+
+
+def _proc(tmp: Path, cgroup: str, mountinfo: str, meminfo: str = MEMINFO) -> Path:
+    proc = tmp / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "self" / "cgroup").write_text(cgroup)
+    (proc / "self" / "mountinfo").write_text(mountinfo)
+    (proc / "meminfo").write_text(meminfo)
+    return proc
+
+
+def _v1_group(directory: Path, limit: int | None, usage: int, inactive: int,
+              peak: int | None = None) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "memory.limit_in_bytes").write_text(
+        f"{limit if limit is not None else 9223372036854771712}\n")
+    (directory / "memory.usage_in_bytes").write_text(f"{usage}\n")
+    (directory / "memory.max_usage_in_bytes").write_text(f"{peak or usage}\n")
+    # the group's own inactive_file is small; total_ counts its children too (what counts)
+    (directory / "memory.stat").write_text(f"cache 1\nrss 2\ninactive_file 7\n"
+                                           f"total_inactive_file {inactive}\n")
+
+
+def _v2_group(directory: Path, limit: int | None, usage: int, inactive: int,
+              peak: int | None = None) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "memory.max").write_text(f"{limit if limit is not None else 'max'}\n")
+    (directory / "memory.current").write_text(f"{usage}\n")
+    if peak is not None:
+        (directory / "memory.peak").write_text(f"{peak}\n")
+    (directory / "memory.stat").write_text(f"anon 5\nfile 9\ninactive_file {inactive}\n"
+                                           "active_file 3\n")
+
+
+def test_parsers() -> None:
+    assert parse_limit("max\n") is None and parse_limit("1048576\n") == 1048576
+    assert parse_limit(str(2**63 - 4096)) is None  # cgroup v1's "no limit"
+    assert parse_stat("cache 10\nrss 20\nbad line here\n") == {"cache": 10, "rss": 20}
+    v1, v2 = own_groups("9:name=systemd:/\n4:memory:/a/b\n3:cpuset:/\n0::/c\n")
+    assert (v1, v2) == ("/a/b", "/c")
+    assert own_groups("4:cpu,memory:/x\n") == ("/x", None)  # controllers mounted together
+    m1, m2 = memory_mounts(V1_MOUNTS)
+    assert m1 is not None and (m1.root, m1.point, m1.version) == ("/", "/sys/fs/cgroup/memory", 1)
+    assert m2 is not None and m2.point == "/sys/fs/cgroup/unified" and m2.version == 2
+    spaced = "35 31 0:32 / /mnt/cg\\040mem rw - cgroup cgroup rw,memory\n"
+    found, _ = memory_mounts(spaced)
+    assert found is not None and found.point == "/mnt/cg mem"
+
+
+def test_v1_own_group_not_the_mount_root(tmp_path: Path) -> None:
+    """The hybrid host: v1 memory controller, v2 mounted without it; the process sits in a
+    child group, and the files at the mount root are not its own (the old probe's mistake)."""
+    proc = _proc(tmp_path, "9:name=systemd:/\n4:memory:/job/w1\n0::/\n", V1_MOUNTS)
+    mem = tmp_path / "sys/fs/cgroup/memory"
+    _v1_group(mem, None, 8000 * MiB, 3000 * MiB)                  # the host: no limit
+    _v1_group(mem / "job", None, 900 * MiB, 100 * MiB)
+    _v1_group(mem / "job/w1", 512 * MiB, 300 * MiB, 40 * MiB, peak=350 * MiB)
+    (tmp_path / "sys/fs/cgroup/unified").mkdir(parents=True)  # no memory files in v2 here
+    group = read_cgroup(proc, tmp_path)
+    assert group is not None and group.version == 1 and group.group == "/job/w1"
+    assert [g.path for g in group.groups] == ["/job/w1", "/job", "/"]
+    assert group.limit == 512 * MiB
+    assert group.working_set == 260 * MiB  # usage - total_inactive_file
+    assert group.free == 252 * MiB
+    assert group.groups[0].peak == 350 * MiB
+    assert group.to_json()["limit_group"] == "/job/w1"
+    assert cgroup_free(proc, tmp_path) == 252 * MiB
+    assert cpu_free(proc, tmp_path) == 252 * MiB  # under MemAvailable
+
+
+def test_nested_parent_limit_binds(tmp_path: Path) -> None:
+    """A pod's limit sits on the parent of the container's group: the least headroom on the
+    path wins, whichever group it is."""
+    proc = _proc(tmp_path, "0::/kubepods/pod1/ctr\n", V2_MOUNTS)
+    root = tmp_path / "sys/fs/cgroup"
+    root.mkdir(parents=True)  # the v2 root has no memory.max / memory.current
+    _v2_group(root / "kubepods", None, 5000 * MiB, 0)
+    _v2_group(root / "kubepods/pod1", 1024 * MiB, 900 * MiB, 100 * MiB, peak=950 * MiB)
+    _v2_group(root / "kubepods/pod1/ctr", 2048 * MiB, 700 * MiB, 50 * MiB)
+    group = read_cgroup(proc, tmp_path)
+    assert group is not None and group.version == 2
+    assert [g.path for g in group.groups] == ["/kubepods/pod1/ctr", "/kubepods/pod1", "/kubepods"]
+    assert group.limit == 1024 * MiB
+    bound = group.bound
+    assert bound is not None and bound.path == "/kubepods/pod1" and bound.peak == 950 * MiB
+    assert group.working_set == 800 * MiB
+    assert group.free == 224 * MiB  # 1024 - (900 - 100); the child's own: 2048 - 650
+    # a child whose own limit leaves less headroom binds instead
+    _v2_group(root / "kubepods/pod1/ctr", 768 * MiB, 700 * MiB, 50 * MiB)
+    again = read_cgroup(proc, tmp_path)
+    assert again is not None and again.free == 118 * MiB and again.limit == 768 * MiB
+
+
+def test_no_limit_falls_back_to_mem_available(tmp_path: Path) -> None:
+    proc = _proc(tmp_path, "0::/user.slice/session-1.scope\n", V2_MOUNTS)
+    root = tmp_path / "sys/fs/cgroup"
+    _v2_group(root / "user.slice/session-1.scope", None, 100 * MiB, 0)
+    _v2_group(root / "user.slice", None, 400 * MiB, 0)
+    group = read_cgroup(proc, tmp_path)
+    assert group is not None and group.limit is None and group.free is None
+    assert cgroup_free(proc, tmp_path) is None
+    assert cpu_free(proc, tmp_path) == 20000000 * 1024
+
+
+def test_host_mem_available_caps_a_loose_limit(tmp_path: Path) -> None:
+    proc = _proc(tmp_path, "0::/big\n", V2_MOUNTS, meminfo="MemAvailable: 1024 kB\n")
+    _v2_group(tmp_path / "sys/fs/cgroup/big", 64 * MiB, 1 * MiB, 0)
+    assert cgroup_free(proc, tmp_path) == 63 * MiB
+    assert cpu_free(proc, tmp_path) == 1024 * 1024
+
+
+def test_container_with_its_group_at_the_mount_root(tmp_path: Path) -> None:
+    """A cgroup namespace (or a runtime mounting the container's own group at the root):
+    /proc/self/cgroup names a path the mount does not show; the mount's root is its group."""
+    mounts = "40 30 0:35 /docker/abc /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"
+    proc = _proc(tmp_path, "0::/../other\n", mounts)
+    _v2_group(tmp_path / "sys/fs/cgroup", 256 * MiB, 56 * MiB, 6 * MiB)
+    group = read_cgroup(proc, tmp_path)
+    assert group is not None and group.limit == 256 * MiB and group.free == 206 * MiB
+    # the same runtime without a namespace: the group is named as the mount's root
+    proc2 = _proc(tmp_path / "b", "0::/docker/abc\n", mounts)
+    _v2_group(tmp_path / "b/sys/fs/cgroup", 256 * MiB, 56 * MiB, 6 * MiB)
+    group2 = read_cgroup(proc2, tmp_path / "b")
+    assert group2 is not None and group2.groups[0].path == "/docker/abc"
+    assert group2.free == 206 * MiB
+
+
+def test_no_cgroup_files(tmp_path: Path) -> None:
+    proc = _proc(tmp_path, "0::/\n", "")
+    assert read_cgroup(proc, tmp_path) is None
+    assert read_cgroup(tmp_path / "missing", tmp_path) is None
+    assert cpu_free(proc, tmp_path) == 20000000 * 1024
+
+
+def test_probe_reads_this_machine() -> None:
+    assert cpu_free() > 0
+    probe = MemoryProbe("cpu", limit=10_000_000, margin=1_000_000)
+    assert probe.free() == 9_000_000  # this machine has far more than 10 MB free
+    probe.limit = 500_000
+    assert probe.free() == 0

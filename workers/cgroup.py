@@ -1,0 +1,246 @@
+"""The memory limit that applies to this process, and how much of it is used, as the kernel
+and the kubelet count it before they kill.
+
+Why: the files at the root of the cgroup mount are this process's own only when a container
+runtime mounts its group there; in a nested group, under systemd or on a host they are
+someone else's (or nobody's), and a pod's limit sits on the parent of the container's group.
+So the probe finds its own group from ``/proc/self/cgroup`` (cgroup v1: the memory
+controller's line; v2: the ``0::`` line), the controller's mount from
+``/proc/self/mountinfo``, and walks the path up to the mount's root: every group with a limit
+(v1 ``memory.limit_in_bytes``, v2 ``memory.max``) bounds what may be used, and its headroom is
+its limit minus its working set (usage minus ``inactive_file``: page cache the kernel reclaims
+before it kills; v1 ``memory.usage_in_bytes`` - ``total_inactive_file``, v2
+``memory.current`` - ``inactive_file``). The free memory is the least headroom on the path,
+and never more than the host's ``MemAvailable``.
+
+Every path is taken relative to ``fs_root`` and ``proc`` so that tests read recorded files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+UNLIMITED = 1 << 62  # cgroup v1 reports "no limit" as a number close to 2**63
+
+
+def parse_limit(text: str) -> int | None:
+    """A cgroup limit file's content: a number of bytes, or None for no limit."""
+    text = text.strip()
+    if not text or text == "max":
+        return None
+    value = int(text)
+    return None if value >= UNLIMITED else value
+
+
+def parse_meminfo(text: str, key: str = "MemAvailable") -> int | None:
+    """A field of /proc/meminfo in bytes."""
+    for line in text.splitlines():
+        if line.startswith(key + ":"):
+            parts = line.split()
+            return int(parts[1]) * (1024 if len(parts) > 2 and parts[2] == "kB" else 1)
+    return None
+
+
+def parse_stat(text: str) -> dict[str, int]:
+    """A ``memory.stat`` file: key -> value."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def own_groups(text: str) -> tuple[str | None, str | None]:
+    """``/proc/self/cgroup``: this process's v1 memory group and its v2 group (None where the
+    file has no such line)."""
+    v1 = v2 = None
+    for line in text.splitlines():
+        parts = line.strip().split(":", 2)
+        if len(parts) != 3:
+            continue
+        hid, controllers, path = parts
+        if hid == "0" and controllers == "":
+            v2 = path
+        elif "memory" in controllers.split(","):
+            v1 = path
+    return v1, v2
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A cgroup mount: the group at its root (``root``) and where it is mounted."""
+
+    root: str
+    point: str
+    version: int
+
+
+def _unescape(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as octal."""
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(code, char)
+    return field
+
+
+def memory_mounts(text: str) -> tuple[Mount | None, Mount | None]:
+    """``/proc/self/mountinfo``: the v1 memory controller's mount and the v2 mount."""
+    v1 = v2 = None
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields, tail = left.split(), right.split()
+        if len(fields) < 5 or len(tail) < 2:
+            continue
+        root, point, fstype = _unescape(fields[3]), _unescape(fields[4]), tail[0]
+        options = tail[2].split(",") if len(tail) > 2 else []
+        if fstype == "cgroup" and "memory" in options and v1 is None:
+            v1 = Mount(root, point, 1)
+        elif fstype == "cgroup2" and v2 is None:
+            v2 = Mount(root, point, 2)
+    return v1, v2
+
+
+@dataclass(frozen=True)
+class GroupReading:
+    """One group on the path: its limit (None: none), usage and working set (bytes)."""
+
+    path: str               # the group's path in its hierarchy ("/" for the mount's root)
+    limit: int | None
+    usage: int
+    working_set: int        # usage minus inactive file pages
+    peak: int | None        # v1 memory.max_usage_in_bytes, v2 memory.peak (None: not kept)
+
+    @property
+    def headroom(self) -> int | None:
+        return None if self.limit is None else max(0, self.limit - self.working_set)
+
+
+@dataclass(frozen=True)
+class CgroupMemory:
+    """The memory limit that applies to this process and its use (see the module doc)."""
+
+    version: int                     # 1 or 2
+    group: str                       # this process's group (as /proc/self/cgroup names it)
+    groups: tuple[GroupReading, ...]  # its group first, then each parent up to the mount root
+
+    @property
+    def bound(self) -> GroupReading | None:
+        """The group whose limit leaves the least headroom (None: no limit on the path)."""
+        limited = [g for g in self.groups if g.limit is not None]
+        return min(limited, key=lambda g: g.headroom or 0) if limited else None
+
+    @property
+    def limit(self) -> int | None:
+        """The tightest limit on the path (bytes), None when there is none."""
+        limits = [g.limit for g in self.groups if g.limit is not None]
+        return min(limits) if limits else None
+
+    @property
+    def free(self) -> int | None:
+        """The least headroom on the path: bytes that may still be used (None: no limit)."""
+        bound = self.bound
+        return None if bound is None else bound.headroom
+
+    @property
+    def working_set(self) -> int:
+        """The working set of the group that binds (of this group when none does)."""
+        bound = self.bound
+        return (bound or self.groups[0]).working_set
+
+    def to_json(self) -> dict[str, object]:
+        bound = self.bound
+        return {"cgroup_version": self.version, "group": self.group,
+                "limit_bytes": self.limit, "limit_group": bound.path if bound else None,
+                "working_set_bytes": self.working_set, "free_bytes": self.free}
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def _inside(mount: Mount, group: str, fs_root: Path) -> Path | None:
+    """The directory of ``group`` under ``mount`` (None when it is not visible there)."""
+    base = fs_root / mount.point.lstrip("/")
+    root = mount.root.rstrip("/")
+    if root and group != root and not group.startswith(root + "/"):
+        # a cgroup namespace or a runtime that mounts the container's own group at the root
+        return base if base.is_dir() else None
+    rel = group[len(root):].strip("/")
+    found = base / rel if rel else base
+    return found if found.is_dir() else None
+
+
+def _group_reading(directory: Path, path: str, version: int) -> GroupReading | None:
+    if version == 1:
+        limit_file, usage_file, inactive, peak_file = (
+            "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file",
+            "memory.max_usage_in_bytes")
+    else:
+        limit_file, usage_file, inactive, peak_file = (
+            "memory.max", "memory.current", "inactive_file", "memory.peak")
+    usage_text = _read(directory / usage_file)
+    if usage_text is None:  # the v2 root group has no memory files
+        return None
+    limit_text = _read(directory / limit_file)
+    limit = parse_limit(limit_text) if limit_text is not None else None
+    usage = int(usage_text.strip())
+    stat = parse_stat(_read(directory / "memory.stat") or "")
+    working_set = max(0, usage - stat.get(inactive, 0))
+    peak_text = _read(directory / peak_file)
+    peak = int(peak_text.strip()) if peak_text and peak_text.strip().isdigit() else None
+    return GroupReading(path, limit, usage, working_set, peak)
+
+
+def read_cgroup(proc: Path = Path("/proc"), fs_root: Path = Path("/")) -> CgroupMemory | None:
+    """This process's memory cgroup and every group above it (None: no memory controller
+    mounted, or this process's group not visible)."""
+    groups_text = _read(proc / "self" / "cgroup")
+    mounts_text = _read(proc / "self" / "mountinfo")
+    if groups_text is None or mounts_text is None:
+        return None
+    own_v1, own_v2 = own_groups(groups_text)
+    mount_v1, mount_v2 = memory_mounts(mounts_text)
+    choices: list[tuple[Mount, str]] = []
+    if own_v1 is not None and mount_v1 is not None:
+        choices.append((mount_v1, own_v1))
+    if own_v2 is not None and mount_v2 is not None:
+        choices.append((mount_v2, own_v2))
+    for mount, group in choices:  # v1 memory first: on a hybrid host v2 has no memory
+        directory = _inside(mount, group, fs_root)
+        if directory is None:
+            continue
+        top = fs_root / mount.point.lstrip("/")
+        rel = directory.relative_to(top)
+        root = mount.root.rstrip("/")
+        under = group == root or group.startswith(root + "/")
+        # names as /proc/self/cgroup gives them (in a namespace, from the mount's root)
+        path = ((root if under else "") + ("" if rel == Path(".") else "/" + rel.as_posix())
+                or "/")
+        readings = []
+        while True:
+            reading = _group_reading(directory, path, mount.version)
+            if reading is not None:
+                readings.append(reading)
+            if directory == top or top not in directory.parents:
+                break
+            directory = directory.parent
+            path = path.rsplit("/", 1)[0] or "/"
+        if readings:
+            return CgroupMemory(mount.version, group, tuple(readings))
+    return None
+
+
+def mem_available(proc: Path = Path("/proc")) -> int | None:
+    """The host's MemAvailable (bytes)."""
+    return parse_meminfo(_read(proc / "meminfo") or "")
+
+
+__all__ = ["CgroupMemory", "GroupReading", "Mount", "UNLIMITED", "mem_available",
+           "memory_mounts", "own_groups", "parse_limit", "parse_meminfo", "parse_stat",
+           "read_cgroup"]
