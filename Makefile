@@ -16,7 +16,8 @@ LOWEST  ?= .venv-lowest
 LOWEST_STAMP = $(LOWEST)/.installed
 LOWEST_TESTS = tests/planner/test_store_contract.py tests/planner/test_store_errors.py \
                tests/planner/test_corrupt_data.py tests/service \
-               --deselect tests/service/test_shutdown.py
+               --deselect tests/service/test_shutdown.py \
+               --deselect tests/service/test_memory_limit.py
 
 # The GPU run (bench/gpu/, docs/gpu.md): DEVICE=cuda on the GPU machine, whose own Python gets
 # the carried wheels (.gpu-wheels/cp312, `make gpu-wheels` here); DEVICE=cpu QUICK=1 rehearses
