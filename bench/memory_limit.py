@@ -49,52 +49,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from planner.solver.memory import parse_bytes  # noqa: E402
 from service.loadtest import request_body  # noqa: E402
-from workers.cgroup import memory_mounts  # noqa: E402
+from memory_group import MemoryGroup, NoGroup  # noqa: E402
 
 MiB = 2**20
-
-
-class Group:
-    """A memory cgroup this bench made, with a limit (v1 or v2)."""
-
-    def __init__(self, name: str, limit: int) -> None:
-        v1, v2 = memory_mounts(Path("/proc/self/mountinfo").read_text())
-        if v1 is not None:
-            self.path, self.version = Path(v1.point) / name, 1
-        elif v2 is not None:
-            self.path, self.version = Path(v2.point) / name, 2
-        else:
-            raise SystemExit("no memory cgroup controller mounted: this bench needs one (root)")
-        self.path.mkdir()
-        (self.path / ("memory.limit_in_bytes" if self.version == 1 else "memory.max")).write_text(
-            str(limit))
-        self.limit = limit
-
-    def _int(self, name: str) -> int:
-        return int((self.path / name).read_text())
-
-    def peak(self) -> int:
-        return self._int("memory.max_usage_in_bytes" if self.version == 1 else "memory.peak")
-
-    def reset_peak(self) -> None:
-        if self.version == 1:
-            (self.path / "memory.max_usage_in_bytes").write_text("0")
-
-    def oom_kills(self) -> int:
-        name = "memory.oom_control" if self.version == 1 else "memory.events"
-        for line in (self.path / name).read_text().splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value)
-        return 0
-
-    def remove(self) -> None:
-        for _ in range(100):
-            try:
-                self.path.rmdir()
-                return
-            except OSError:
-                time.sleep(0.1)
 
 
 def _port() -> int:
@@ -105,7 +62,7 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def start(config: str, args: argparse.Namespace, group: Group, port: int,
+def start(config: str, args: argparse.Namespace, group: MemoryGroup, port: int,
           log: Path) -> tuple[subprocess.Popen[bytes], str, str, int]:
     """One server inside ``group``: (process, path, format, largest request it takes)."""
     join = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group.path)]
@@ -221,7 +178,11 @@ async def burst(url: str, fmt: str, most: int, sizes: list[list[int]], shape: tu
 
 def run_config(config: str, limit: int, args: argparse.Namespace,
                sizes: list[list[list[int]]]) -> dict[str, Any]:
-    group = Group(f"vbs-bench-{config}-{os.getpid()}-{time.monotonic_ns()}", limit)
+    try:
+        group = MemoryGroup.create(f"vbs-bench-{config}-{os.getpid()}-{time.monotonic_ns()}")
+    except NoGroup as exc:
+        raise SystemExit(f"this bench needs a memory cgroup (root): {exc}") from exc
+    group.set_limit(limit)
     port = _port()
     log = Path(args.work) / f"{config}-{limit}.log"
     process, path, fmt, most = start(config, args, group, port, log)
