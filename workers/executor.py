@@ -39,6 +39,9 @@ if TYPE_CHECKING:  # onnxruntime is imported only where a plan uses it
     from planner.runtimes.onnxrt import OrtUnits
 
 
+_NUMPY = (torch.float32, torch.float16, torch.float64)  # dtypes numpy copies as they are
+
+
 def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     """``dst.copy_(src)``; on the CPU a plain memory copy on this thread (numpy's), so that
     torch's OpenMP pool, woken by a parallel copy, is not left spinning on the cores while the
@@ -47,9 +50,6 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
         np.copyto(dst.numpy(), src.numpy())
     else:
         dst.copy_(src)
-
-
-_NUMPY = (torch.float32, torch.float16, torch.float64)
 
 
 class TorchBackend:
@@ -145,7 +145,7 @@ def _one_call(capture: Capture, steps: tuple[Step, ...], runs: dict[int, int] | 
     if not steps or runs != {0: len(steps) - 1} or any(s.samples != samples for s in steps):
         return ()
     nodes = TreeIndex.of(capture.tree).run_nodes(steps, 0, len(steps) - 1)
-    children = capture.tree.children  # a slice of one series: the root's first to its last?
+    children = capture.tree.children  # the run must span the root series, first to last
     return nodes if len(nodes) == len(children) and nodes[0] is children[0] else ()
 
 
