@@ -11,11 +11,12 @@ the candidates by (executor peak, rank): ascending peaks, each plan preferred to
 with a smaller peak. The rank is the solver's own preference: least cost for vbs, paper and
 fbs-best, the largest batch for fbs, the largest rule budget for greedy. vbs weighs one thing
 more (``CALL_MARGIN``): a plan that makes more runtime calls (or runs more steps on torch, each
-a cut) than the one it would replace must be predicted faster by more than the margin. The profile's times carry a few percent of
-noise, and a DP over them finds plans whose whole predicted advantage is that noise (more
-sub-batches at the batch sizes that happened to measure fast), each cut a chance to cost more
-than priced; within the margin the plan of fewer calls is kept, so a row may hold a plan up
-to the margin slower than one with a smaller peak.
+a cut) than the one it would replace must be predicted faster by more than the margin. The
+profile's times carry a few percent of noise, and a DP over them finds plans whose whole
+predicted advantage is that noise (more sub-batches at the batch sizes that happened to
+measure fast), each cut a chance to cost more than priced; within the margin the plan of
+fewer calls is kept, so a row may hold a plan up to the margin slower than one with a
+smaller peak. `vbs solve` prints the DP's own optimum, which the table may so pass over.
 
 Reading (``find``, ``lookup``): the plan of r samples for F free bytes is the last breakpoint
 at or below F, one binary search. A plan picked for F bytes never allocates more than F, and
@@ -463,9 +464,10 @@ def _candidates(inst: Instance, solver: str, slot: int, M: int, dp: Callable[[st
 
 def _preferred(cand: _Candidate, best: _Candidate | None, floor: float, margin: float) -> bool:
     """Whether ``cand`` displaces ``best``, the plan of the last breakpoint: a better rank;
-    with a margin, a plan of more dispatches (runtime calls and steps on torch: each cuts a run)
-    must cost less than best by more than the margin, and one of fewer may cost up to the margin more than ``floor``, the least cost of the
-    row so far (so no plan is more than the margin slower than any before it)."""
+    with a margin, a plan of more dispatches (runtime calls and steps on torch: each cuts a
+    run) must cost less than best by more than the margin, and one of fewer may cost up to the
+    margin more than ``floor``, the least cost of the row so far (so no plan is more than the
+    margin slower than any before it)."""
     if best is None:
         return True
     if margin:
