@@ -18,6 +18,7 @@ Every path is taken relative to ``fs_root`` and ``proc`` so that tests read reco
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -199,10 +200,29 @@ def _group_reading(directory: Path, path: str, version: int) -> GroupReading | N
 
 def read_cgroup(proc: Path = Path("/proc"), fs_root: Path = Path("/")) -> CgroupMemory | None:
     """This process's memory cgroup and every group above it (None: no memory controller
-    mounted, or this process's group not visible)."""
+    mounted, or this process's group not visible). Where the groups are is found once per
+    group this process is in (``_locate``); their limits and usage are read every call."""
     groups_text = _read(proc / "self" / "cgroup")
+    if groups_text is None:
+        return None
+    located = _locate(groups_text, proc, fs_root)
+    if located is None:
+        return None
+    version, group, chain = located
+    readings = tuple(r for directory, path in chain
+                     if (r := _group_reading(directory, path, version)) is not None)
+    return CgroupMemory(version, group, readings) if readings else None
+
+
+@functools.lru_cache(maxsize=16)
+def _locate(groups_text: str, proc: Path, fs_root: Path
+            ) -> tuple[int, str, tuple[tuple[Path, str], ...]] | None:
+    """The controller version, this process's group and the directories from it up to the
+    mount's root, each with its name as /proc/self/cgroup gives it (in a namespace, from the
+    mount's root); the first choice (v1 memory first: on a hybrid host v2 has no memory)
+    whose group has memory files."""
     mounts_text = _read(proc / "self" / "mountinfo")
-    if groups_text is None or mounts_text is None:
+    if mounts_text is None:
         return None
     own_v1, own_v2 = own_groups(groups_text)
     mount_v1, mount_v2 = memory_mounts(mounts_text)
@@ -211,7 +231,7 @@ def read_cgroup(proc: Path = Path("/proc"), fs_root: Path = Path("/")) -> Cgroup
         choices.append((mount_v1, own_v1))
     if own_v2 is not None and mount_v2 is not None:
         choices.append((mount_v2, own_v2))
-    for mount, group in choices:  # v1 memory first: on a hybrid host v2 has no memory
+    for mount, group in choices:
         directory = _inside(mount, group, fs_root)
         if directory is None:
             continue
@@ -219,20 +239,17 @@ def read_cgroup(proc: Path = Path("/proc"), fs_root: Path = Path("/")) -> Cgroup
         rel = directory.relative_to(top)
         root = mount.root.rstrip("/")
         under = group == root or group.startswith(root + "/")
-        # names as /proc/self/cgroup gives them (in a namespace, from the mount's root)
         path = ((root if under else "") + ("" if rel == Path(".") else "/" + rel.as_posix())
                 or "/")
-        readings = []
+        chain = []
         while True:
-            reading = _group_reading(directory, path, mount.version)
-            if reading is not None:
-                readings.append(reading)
+            chain.append((directory, path))
             if directory == top or top not in directory.parents:
                 break
             directory = directory.parent
             path = path.rsplit("/", 1)[0] or "/"
-        if readings:
-            return CgroupMemory(mount.version, group, tuple(readings))
+        if any(_group_reading(d, p, mount.version) is not None for d, p in chain):
+            return mount.version, group, tuple(chain)
     return None
 
 
