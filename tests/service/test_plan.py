@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from planner.errors import InfeasibleError
+from planner.solver.table import CALL_MARGIN
 from service.main import create_app
 from tests.service.conftest import ServerThread, assert_error, settings_for
 
@@ -67,7 +68,9 @@ def test_plan_matches_the_table_and_the_baselines(server: ServerThread, client: 
         assert got["peak_bytes"] == direct.executor_peak_bytes <= budget
         assert got["time_total_s"] == pytest.approx(direct.time_total)
         assert body["gain"][solver] == pytest.approx(direct.time_total / want.time_total)
-        assert body["gain"][solver] >= 1 - 1e-12  # vbs is never slower by the tables
+        # vbs is never slower by the tables, but for a plan of fewer calls kept within the
+        # table's margin of the row's least cost (planner.solver.table.CALL_MARGIN)
+        assert body["gain"][solver] >= (1 - CALL_MARGIN) / (1 + CALL_MARGIN) - 1e-12
     # the same question again is answered identically
     assert client.get("/plan", params={"mem": str(budget), "batch": 4}).json() == body
 
