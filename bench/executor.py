@@ -38,9 +38,10 @@ def main() -> None:
     import torch
 
     from planner.graph.capture import capture
-    from planner.models import ModelSpec, load_model
-    from planner.solver.program import Step
-    from planner.tree import Layer, Parallel, iter_nodes
+    from core.loaded import ModelSpec
+    from planner.models import load_model
+    from core.program import Step
+    from core.tree import Layer, Parallel, iter_nodes
     from workers.executor import execute
 
     print(f"executor of {args.tree.resolve()}")

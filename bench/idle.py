@@ -53,7 +53,9 @@ def main() -> None:
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "vbs-serve"))
     args = ap.parse_args()
 
-    from planner.models import ModelSpec, load_model
+    from core.loaded import ModelSpec
+
+    from planner.models import load_model
 
     names = args.model.split(",")
     serve_args = ["--store", str(Path(args.cache_dir) / f"kernels-store-{args.runtime}"),

@@ -77,7 +77,9 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[tuple[str, int], li
     import torch
     import torchvision
 
-    from planner.models import ModelSpec, load_model
+    from core.loaded import ModelSpec
+
+    from planner.models import load_model
 
     torch.manual_seed(0)
     model = torchvision.models.get_model(name, weights=None).eval()

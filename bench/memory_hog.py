@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from planner.solver.memory import parse_bytes  # noqa: E402 - light: no torch, no numba
+from core.sizes import parse_bytes  # noqa: E402 - light: no torch, no numba
 
 MiB = 2**20
 

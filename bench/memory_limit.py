@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from planner.solver.memory import parse_bytes  # noqa: E402
+from core.sizes import parse_bytes  # noqa: E402
 from service.loadtest import request_body  # noqa: E402
 from memory_group import MemoryGroup, NoGroup  # noqa: E402
 

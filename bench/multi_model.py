@@ -42,10 +42,10 @@ from typing import Any
 import httpx
 import numpy as np
 
-from planner.models import ModelSpec
+from core.loaded import ModelSpec
 from planner.pipeline import prepare
 from planner.settings import Settings, split_model_entry
-from planner.solver.memory import format_bytes, parse_bytes
+from core.sizes import format_bytes, parse_bytes
 from planner.store import open_store
 from service.loadtest import run_loadtest
 from served import vbs_serve

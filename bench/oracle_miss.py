@@ -27,10 +27,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.planner.oracle
 
-from planner.errors import InfeasibleError  # noqa: E402
+from core.errors import InfeasibleError  # noqa: E402
 from planner.solver.solve import solve  # noqa: E402
 from planner.solver.synthetic import with_onnxruntime  # noqa: E402
-from planner.tree import Profile  # noqa: E402
+from core.tree import Profile  # noqa: E402
 from tests.planner.oracle import chain_profile, oracle  # noqa: E402
 
 SOLVERS = ("paper", "vbs")

@@ -428,7 +428,8 @@ def summarize(results: list[dict[str, Any]], clients: int) -> None:
 
 
 def _model_shape(name: str) -> tuple[int, ...]:
-    from planner.models import ModelSpec, load_model
+    from core.loaded import ModelSpec
+    from planner.models import load_model
 
     return tuple(load_model(ModelSpec(name)).input_shape)
 

@@ -33,10 +33,10 @@ from pathlib import Path
 
 import httpx
 
-from planner.models import ModelSpec
+from core.loaded import ModelSpec
 from planner.pipeline import prepare
 from planner.settings import Settings
-from planner.solver.table import PlanTable
+from core.table import PlanTable
 from planner.store import open_store
 from workers.memory import MemoryProbe
 from workers.worker import Worker

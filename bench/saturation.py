@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 
-from planner.models import ModelSpec
+from core.loaded import ModelSpec
 from planner.pipeline import prepare
 from planner.settings import Settings
 from planner.store import open_store

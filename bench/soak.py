@@ -53,11 +53,11 @@ import httpx
 import numpy as np
 import uvicorn
 
-from planner.errors import StoreError
-from planner.models import ModelSpec
+from core.errors import StoreError
+from core.loaded import ModelSpec
 from planner.pipeline import prepare, publish
 from planner.settings import Settings
-from planner.solver.table import build_table
+from planner.solver.tables import build_table
 from planner.store import open_store
 from service.main import create_app
 

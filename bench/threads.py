@@ -49,7 +49,7 @@ def in_process(model: str, store: str, cache: str, env: dict[str, str], requests
     """Median seconds of Worker.infer on one sample, in a fresh process with ``env``."""
     code = f"""
 import time, statistics, torch
-from planner.models import ModelSpec
+from core.loaded import ModelSpec
 from planner.pipeline import prepare
 from planner.settings import Settings
 from planner.store import open_store

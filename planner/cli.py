@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from planner.errors import UsageError, VbsError
+from core.errors import UsageError, VbsError
 from planner.settings import Settings
 
 log = logging.getLogger("vbs")
@@ -66,7 +66,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
 def load_capture(args: argparse.Namespace, settings: Settings) -> Any:
     """Load and capture the model the flags name (imports torch)."""
     from planner.graph.capture import capture
-    from planner.models import ModelSpec, apply_threads, load_model, parse_shape
+    from core.loaded import ModelSpec
+    from planner.models import apply_threads, load_model, parse_shape
 
     apply_threads(settings.threads)
     shape = parse_shape(args.input_shape) if args.input_shape else None
@@ -76,7 +77,7 @@ def load_capture(args: argparse.Namespace, settings: Settings) -> Any:
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
-    from planner.tree import node_to_json, render
+    from core.tree import node_to_json, render
 
     cap = load_capture(args, settings_from(args))
     if args.json:
@@ -88,7 +89,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from planner.profiling.profiler import ProfileOptions, cached_profile, measure
-    from planner.tree import save_profile
+    from core.tree import save_profile
 
     settings = settings_from(args)
     options = ProfileOptions(batch_max=args.batch_max, repeats=args.repeats or settings.profile_repeats,
@@ -116,7 +117,7 @@ def runtime_lines(profile: Any) -> list[str]:
     which units a runtime cannot take, and why."""
     from collections import Counter
 
-    from planner.tree import iter_layers, iter_nodes
+    from core.tree import iter_layers, iter_nodes
 
     meta = profile.meta.get("runtimes") or {}
     lines = [f"  {name}: unavailable here: {info['unavailable']}"

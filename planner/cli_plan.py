@@ -24,13 +24,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from planner.errors import UsageError
+from core.errors import UsageError
 from planner.settings import Settings, split_model_entry
 
 
 def _specs(args: argparse.Namespace, settings: Settings) -> list[tuple[str, Any]]:
     """(served name, ModelSpec) for every --model, else every VBS_MODELS entry."""
-    from planner.models import ModelSpec, parse_shape
+    from core.loaded import ModelSpec
+    from planner.models import parse_shape
 
     entries = args.model or list(settings.models)
     if not entries:
@@ -79,8 +80,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def _tables_of_profile(args: argparse.Namespace, settings: Settings) -> list[tuple[str, Any, Any]]:
     """(name, profile, tables) solved now from ``--profile`` (no store, no torch)."""
     from planner.pipeline import strategies
-    from planner.solver.table import build_tables
-    from planner.tree import load_profile
+    from planner.solver.tables import build_tables
+    from core.tree import load_profile
 
     profile = load_profile(args.profile)
     solver = args.solver or settings.solver
@@ -141,7 +142,7 @@ def _write_html(args: argparse.Namespace, models: list[tuple[str, Any, Any]]) ->
 def cmd_show(args: argparse.Namespace) -> int:
     from planner.cli import settings_from
     from planner.solver.compare import budget_range, compare, render, render_sweep, sweep
-    from planner.solver.memory import parse_budgets, parse_bytes
+    from core.sizes import parse_budgets, parse_bytes
 
     settings = settings_from(args)
     if args.profile and args.model:

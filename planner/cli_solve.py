@@ -22,13 +22,13 @@ import sys
 from typing import Any
 
 from planner.cli import _positive
-from planner.errors import InfeasibleError, UsageError, VbsError
-from planner.solver.memory import check_slot_bytes, format_bytes, parse_bytes
+from core.errors import InfeasibleError, UsageError, VbsError
+from core.sizes import check_slot_bytes, format_bytes, parse_bytes
 from planner.solver.model import OBJECTIVES, build_instance
-from planner.solver.runs import plan_shape
+from core.runs import plan_shape
 from planner.solver.simulate import simulate
 from planner.solver.solve import SOLVERS, default_slot_bytes, solve
-from planner.tree import load_profile
+from core.tree import load_profile
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

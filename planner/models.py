@@ -11,7 +11,6 @@ import difflib
 import importlib
 import os
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,42 +18,10 @@ import torchvision
 from torch import nn
 
 from planner.c3d import c3d
-from planner.errors import ModelError, UsageError
+from core.errors import ModelError, UsageError
+from core.loaded import DTYPES, LoadedModel, ModelSpec
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 VIDEO_SHAPE = (3, 16, 112, 112)
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """What to load: the model's name and how to run it."""
-
-    name: str
-    input_shape: tuple[int, ...] | None = None  # per sample; None = the model's default
-    dtype: str = "float32"
-    device: str = "cpu"
-    weights: Path | None = None
-
-
-@dataclass(frozen=True)
-class LoadedModel:
-    """A model in eval mode on its device and dtype, with the input shape it is planned for."""
-
-    spec: ModelSpec
-    module: nn.Module
-    input_shape: tuple[int, ...]
-    torch_dtype: torch.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return torch.device(self.spec.device)
-
-    def example(self, batch: int, seed: int = 0) -> torch.Tensor:
-        """A reproducible random input of ``batch`` samples."""
-        gen = torch.Generator().manual_seed(seed)
-        x = torch.randn((batch, *self.input_shape), generator=gen)
-        return x.to(device=self.device, dtype=self.torch_dtype)
-
 
 ONEDNN_CACHE = 8192  # primitives: every unit's kernels at every batch size of a profile
 

@@ -18,15 +18,18 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from planner.errors import ProfileError, TableFormatError, TableNotFoundError
-from planner.graph.capture import Capture, capture
-from planner.models import ModelSpec, apply_threads, load_model
+from core.errors import ProfileError, TableFormatError, TableNotFoundError
+from core.units import Capture
+from planner.graph.capture import capture
+from core.loaded import ModelSpec
+from planner.models import apply_threads, load_model
 from planner.profiling.profiler import ProfileOptions, cached_profile, fingerprint
 from planner.settings import Settings
-from planner.solver.table import PlanTable, build_tables
+from core.table import PlanTable
+from planner.solver.tables import build_tables
 from planner.store import PlanStore
 from planner.store.keys import table_id
-from planner.tree import Profile, profile_from_json, profile_to_json
+from core.tree import Profile, profile_from_json, profile_to_json
 
 log = logging.getLogger("vbs.plan")
 

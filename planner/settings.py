@@ -54,8 +54,8 @@ def split_model_entry(entry: str) -> tuple[str, str, tuple[int, ...] | None]:
 def _size(value: Any, field: str) -> Any:
     """A byte count given as a number or as text with a unit (``64MB``; MB = 10^6, MiB = 2^20)."""
     if isinstance(value, str):
-        from planner.errors import UsageError
-        from planner.solver.memory import parse_bytes  # light: no numba, no torch
+        from core.errors import UsageError
+        from core.sizes import parse_bytes  # light: no numba, no torch
         try:
             return parse_bytes(value)
         except UsageError as exc:

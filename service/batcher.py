@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.errors import InfeasibleError
+from core.errors import InfeasibleError
 from service.errors import RequestTimeoutError, UnavailableError, field_error
 from service.metrics import Metrics
 from workers.worker import RunInfo, Worker

@@ -9,7 +9,7 @@ import logging
 from typing import Any
 
 from planner.cli import _positive, add_runtime_arg
-from planner.errors import UsageError
+from core.errors import UsageError
 
 log = logging.getLogger("vbs.service")
 
@@ -113,7 +113,8 @@ def serve_settings(args: argparse.Namespace) -> Any:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from planner.models import ModelSpec, load_model
+    from core.loaded import ModelSpec
+    from planner.models import load_model
     from planner.store import printable_location
     from service.grpc_server import run as run_server
     from service.main import create_app

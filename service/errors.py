@@ -2,7 +2,7 @@
 
 Every error the service answers with is a JSON body ``{"error": "..."}`` that says what was
 wrong (naming the field: ``inputs[0].shape``, ``body``, ``top_k``) and what to do. The
-service's errors are subclasses of ``planner.errors`` classes, so the tree stays one tree::
+service's errors are subclasses of ``core.errors`` classes, so the tree stays one tree::
 
     UsageError (400)
     ├── RequestError            400  the request body, a field or a parameter is not valid
@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from planner.errors import (ExecutionError, InfeasibleError, OutOfMemoryError, PlanError,
+from core.errors import (ExecutionError, InfeasibleError, OutOfMemoryError, PlanError,
                             StoreError, UsageError, VbsError)
 
 log = logging.getLogger("vbs.service")

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.errors import InfeasibleError
+from core.errors import InfeasibleError
 from planner.solver.compare import BASELINE, STRATEGIES
-from planner.solver.table import PlanTable
+from core.table import PlanTable
 from planner.view.data import plan_description
 from service.registry import ModelEntry
 

@@ -28,7 +28,7 @@ from typing import Any
 import grpc
 from fastapi.security.utils import get_authorization_scheme_param
 
-from planner.errors import VbsError
+from core.errors import VbsError
 from planner.settings import Settings
 from service import codecs, grpc_codec, serving
 from service.deps import check_api_key

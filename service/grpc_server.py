@@ -19,7 +19,7 @@ from typing import Any
 
 import uvicorn
 
-from planner.errors import UsageError
+from core.errors import UsageError
 from planner.settings import Settings
 from service.metrics import Metrics
 from service.registry import Registry

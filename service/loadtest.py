@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from planner.errors import UsageError
+from core.errors import UsageError
 
 MAX_CLIENTS = 256
 MAX_DURATION_S = 600.0

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.errors import UsageError
+from core.errors import UsageError
 from service.loadtest import Answer, RequestFailed, check_load, closed_loop
 
 DEFAULT_TARGET = "127.0.0.1:8001"

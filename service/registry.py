@@ -32,10 +32,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.errors import StoreError, TableFormatError, UsageError, VbsError
-from planner.models import ModelSpec
+from core.errors import StoreError, TableFormatError, UsageError, VbsError
+from core.loaded import ModelSpec
 from planner.settings import Settings
-from planner.solver.table import PlanTable
+from core.table import PlanTable
 from planner.store import Backoff, PlanStore, open_async_store, open_store, printable_location
 from planner.store.base import AsyncPlanStore
 from planner.store.keys import table_id

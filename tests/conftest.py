@@ -166,7 +166,7 @@ def no_planning(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     walking a program on byte counts raises, and the test fails at teardown if any was tried
     (even where the error was caught), so a request path that does more than look up is found."""
     from planner.solver.dp import ChainTables
-    from planner.solver.layout import MemoryAccount
+    from core.walk import MemoryAccount
     from planner.solver.simulate import _Frame
 
     tried: list[str] = []

@@ -32,8 +32,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from planner.errors import InfeasibleError, LeaseTimeoutError, UsageError
-from planner.solver.table import PlanTable
+from core.errors import InfeasibleError, LeaseTimeoutError, UsageError
+from core.table import PlanTable
 from workers.shares import LEVELS, Want, demand_level, divide
 
 log = logging.getLogger("vbs.arbiter")

@@ -32,16 +32,17 @@ from typing import Any
 
 import torch
 
-from planner.errors import InfeasibleError
-from planner.graph.capture import Capture
-from planner.runtimes import ONNXRUNTIME, TORCH
+from core.errors import InfeasibleError
+from core.units import Capture
+from core.runtimes import ONNXRUNTIME, TORCH
 from planner.solver.compare import BASELINE, STRATEGIES, budget_range
-from planner.solver.layout import executor_peak
-from planner.solver.memory import format_bytes, parse_budgets
-from planner.solver.program import Plan
-from planner.solver.runs import plan_shape
-from planner.solver.table import PlanTable, build_tables
-from planner.tree import Profile, iter_layers
+from core.walk import executor_peak
+from core.sizes import format_bytes, parse_budgets
+from core.program import Plan
+from core.runs import plan_shape
+from core.table import PlanTable
+from planner.solver.tables import build_tables
+from core.tree import Profile, iter_layers
 from workers.executor import execute
 
 
@@ -68,7 +69,7 @@ class Row:
     runtimes: list[str] | None = None  # the unit runtimes its steps ran on
     calls: int | None = None  # runtime calls its runs make
     uniform_batch: int | None = None  # fbs and fbs-best: the uniform batch that ran
-    shape: str | None = None  # what each call and step runs (planner.solver.runs.plan_shape)
+    shape: str | None = None  # what each call and step runs (core.runs.plan_shape)
     reason: str = ""
 
 
@@ -114,7 +115,7 @@ def run_bench(capture: Capture, profile: Profile, tables: dict[str, PlanTable], 
     device = model.device
     ort = None
     if any(ONNXRUNTIME in t.runtimes for t in tables.values()):
-        from planner.runtimes.onnxrt import OrtUnits
+        from core.runtimes.onnxrt import OrtUnits
 
         ort = OrtUnits(capture)
     x = model.example(r, seed=7)

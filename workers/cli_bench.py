@@ -17,8 +17,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from planner.pipeline import options_from
     from planner.profiling.profiler import cached_profile
     from planner.solver.compare import STRATEGIES, budget_range
-    from planner.solver.memory import parse_budgets
-    from planner.solver.table import build_tables
+    from core.sizes import parse_budgets
+    from planner.solver.tables import build_tables
     from workers.bench import render, run_bench, write_outputs
 
     settings = settings_from(args)

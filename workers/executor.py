@@ -1,6 +1,6 @@
 """Run a Program on real tensors: every unit at the batch size the plan gives it.
 
-The executor is the walk of ``planner.solver.layout`` on the ``TorchBackend``: sub-batches are views of
+The executor is the walk of ``core.walk`` on the ``TorchBackend``: sub-batches are views of
 the chunks a boundary holds, samples spread over several chunks are gathered into one buffer
 slice by slice (never a torch.cat), joins are built in place (cat into channel slices, add by
 accumulation, taking over the first branch output that brings every sample, mul with the
@@ -11,7 +11,7 @@ capture, so they need no copy). Units run through ``Unit.call``, as the model ru
 A uniform program (every unit at the whole request: every plan of one sample, and fbs's)
 on torch runs through the reference runner, which allocates what the walk would, without
 its bookkeeping. Steps on ONNX Runtime run as the plan's runs, one session call each
-(``planner.runtimes.onnxrt``), reading the walk's take and writing a buffer the walk
+(``core.runtimes.onnxrt``), reading the walk's take and writing a buffer the walk
 allocated, so the walk's accounting of activations holds for them too. Gathers and splits
 between those calls copy on the CPU without torch's intra-op threads (``_copy``): torch's
 OpenMP threads spin for a while after a parallel copy and take the cores from the next call.
@@ -26,17 +26,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from planner.errors import ExecutionError, OutOfMemoryError
-from planner.graph.capture import Capture
-from planner.graph.runner import run_node, run_unit
-from planner.runtimes import ONNXRUNTIME, TORCH
-from planner.solver.layout import walk
-from planner.solver.program import Step
-from planner.solver.runs import TreeIndex, run_runtime
-from planner.tree import Layer, Node, Parallel
+from core.errors import ExecutionError, OutOfMemoryError
+from core.units import Capture
+from core.runner import run_node, run_unit
+from core.runtimes import ONNXRUNTIME, TORCH
+from core.walk import walk
+from core.program import Step
+from core.runs import TreeIndex, run_runtime
+from core.tree import Layer, Node, Parallel
 
 if TYPE_CHECKING:  # onnxruntime is imported only where a plan uses it
-    from planner.runtimes.onnxrt import OrtUnits
+    from core.runtimes.onnxrt import OrtUnits
 
 
 _NUMPY = (torch.float32, torch.float16, torch.float64)  # dtypes numpy copies as they are

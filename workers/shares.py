@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.solver.table import PlanTable
+from core.table import PlanTable
 
 LEVELS = 256          # the budget is divided into this many equal levels
 PENALTY = 8.0         # a busy model left without a plan costs this many times its slowest time

@@ -28,18 +28,18 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from planner.errors import InfeasibleError, OutOfMemoryError, UsageError
-from planner.graph.capture import MODULE_GATE, Capture
-from planner.runtimes import ONNXRUNTIME
-from planner.solver.program import Plan, Program
-from planner.solver.runs import TreeIndex
-from planner.solver.table import PlanTable, TablePlan
+from core.errors import InfeasibleError, OutOfMemoryError, UsageError
+from core.units import MODULE_GATE, Capture
+from core.runtimes import ONNXRUNTIME
+from core.program import Plan, Program
+from core.runs import TreeIndex
+from core.table import PlanTable, TablePlan
 from workers.arbiter import Arbiter, Lease
 from workers.executor import execute
 from workers.memory import MemoryProbe, release_cached
 
 if TYPE_CHECKING:
-    from planner.runtimes.onnxrt import OrtUnits
+    from core.runtimes.onnxrt import OrtUnits
 
 log = logging.getLogger("vbs.worker")
 
@@ -156,7 +156,7 @@ class Worker:
         if ONNXRUNTIME not in table.runtimes:
             return
         if self.ort is None:
-            from planner.runtimes.onnxrt import OrtUnits  # onnxruntime: only where plans use it
+            from core.runtimes.onnxrt import OrtUnits  # onnxruntime: only where plans use it
 
             self.ort = OrtUnits(self.capture, spin=self.ort_spin, max_sessions=self.ort_sessions)
         free = table.top_bytes if free is None else free

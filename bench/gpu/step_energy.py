@@ -32,7 +32,7 @@ class CpuTimeCounter:
 
 def predicted_energy(profile: Any, steps: Any) -> float:
     """What the profile says a program spends: each step's node at its samples."""
-    from planner.tree import iter_nodes
+    from core.tree import iter_nodes
 
     energy = {n.name: n.energy for n in iter_nodes(profile.root) if getattr(n, "energy", ())}
     return sum(energy[s.unit][s.samples - 1] for s in steps if s.unit in energy)
@@ -51,15 +51,16 @@ def fitting_grid(grid: list[int], units: int, per_s: float, share_s: float) -> l
 def _model(cfg: Config, item: Run, rec: Record, share_s: float) -> None:
     import torch
 
-    from planner.errors import InfeasibleError
+    from core.errors import InfeasibleError
     from planner.graph.capture import capture
-    from planner.models import ModelSpec, load_model
+    from core.loaded import ModelSpec
+    from planner.models import load_model
     from planner.profiling import energy
     from planner.profiling.profiler import ProfileOptions, measure
     from planner.solver.compare import budget_range
-    from planner.solver.memory import parse_budgets
-    from planner.solver.table import build_tables
-    from planner.tree import iter_layers
+    from core.sizes import parse_budgets
+    from planner.solver.tables import build_tables
+    from core.tree import iter_layers
     from workers.executor import execute
 
     t0 = time.perf_counter()

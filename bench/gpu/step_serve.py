@@ -62,10 +62,10 @@ def get(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
 def choose_limit(store: Path, model: str, batch: int) -> dict[str, Any]:
     """The budget where the stored tables predict vbs's largest gain over fbs-best for
     ``batch`` samples (the smallest such), with the candidates."""
-    from planner.errors import InfeasibleError
+    from core.errors import InfeasibleError
     from planner.solver.compare import budget_range
-    from planner.solver.memory import parse_budgets
-    from planner.solver.table import PlanTable
+    from core.sizes import parse_budgets
+    from core.table import PlanTable
     from planner.store import open_store
 
     st = open_store(str(store))

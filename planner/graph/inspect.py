@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from planner.errors import BatchMixingError, ModelError
+from core.errors import BatchMixingError, ModelError
 
 PARTS = (1, 2)  # a batch of 3 cut unevenly, so a batch size baked into an op shows
 
@@ -41,10 +41,18 @@ class NodeInfo:
         return n
 
 
+def module_path(node: fx.Node) -> str:
+    """The path of the module a node belongs to (``layer1.0.conv1``), "" at the top level: a
+    module call's own target, else the innermost module the tracer recorded it in."""
+    if node.op == "call_module":
+        return str(node.target)
+    stack = node.meta.get("nn_module_stack") or {}
+    return next(reversed(stack.values()))[0] if stack else ""
+
+
 def describe(node: fx.Node) -> str:
     """A node as a person finds it in the model: module path and op."""
-    stack = node.meta.get("nn_module_stack") or {}
-    path = next(reversed(stack.values()))[0] if stack else ""
+    path = module_path(node)
     op = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
     where = f" in module {path!r}" if path else ""
     return f"op {node.name!r} ({node.op} {op}){where}"
@@ -55,16 +63,6 @@ def _channels_last(t: torch.Tensor) -> bool:
         return False
     fmt = torch.channels_last if t.dim() == 4 else torch.channels_last_3d
     return t.is_contiguous(memory_format=fmt)
-
-
-def batch_buffer(like: torch.Tensor, samples: int, shape: tuple[int, ...],
-                 channels_last: bool) -> torch.Tensor:
-    """An empty buffer of ``samples`` samples of per-sample ``shape``, with ``like``'s dtype and
-    device, in the layout the model gives that tensor (so later ops pick the same kernels)."""
-    fmt = torch.contiguous_format
-    if channels_last:
-        fmt = torch.channels_last if len(shape) == 3 else torch.channels_last_3d
-    return torch.empty((samples, *shape), dtype=like.dtype, device=like.device, memory_format=fmt)
 
 
 def _tolerance(dtype: torch.dtype) -> tuple[float, float]:

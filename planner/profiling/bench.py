@@ -19,10 +19,11 @@ import time
 import torch
 
 from planner.graph.capture import capture
-from planner.models import ModelSpec, load_model
+from core.loaded import ModelSpec
+from planner.models import load_model
 from planner.profiling.grid import batch_grid, fill_time
 from planner.profiling.profiler import ProfileOptions, device_name, measure
-from planner.tree import Profile, iter_layers
+from core.tree import Profile, iter_layers
 
 
 def _pct(values: list[float]) -> tuple[float, float]:

@@ -25,11 +25,11 @@ from typing import Any, Protocol
 
 import torch
 
-from planner.errors import ProfileError
-from planner.graph.capture import MODULE_GATE, Capture
-from planner.graph.runner import run_node, run_unit
+from core.errors import ProfileError
+from core.units import MODULE_GATE, Capture
+from core.runner import run_node, run_unit
 from planner.profiling.grid import fill_time
-from planner.tree import Layer, Node, Parallel, Profile, Series
+from core.tree import Layer, Node, Parallel, Profile, Series
 
 # A counter that ticks more often than this is read as continuous: no waiting for ticks.
 CONTINUOUS_S = 1e-3

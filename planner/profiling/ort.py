@@ -33,12 +33,12 @@ import numpy as np
 import onnxruntime
 import torch
 
-from planner.graph.capture import MODULE_GATE, Capture
-from planner.graph.runner import UnitRunner, run_node, run_unit
-from planner.runtimes.onnx_graphs import UnitGraphs
-from planner.runtimes.onnxrt import OrtUnits, providers, session_options, unavailable
-from planner.runtimes.ort_memory import measure_workspaces
-from planner.tree import Layer, Node, Parallel, Series, iter_layers, iter_nodes
+from core.units import MODULE_GATE, Capture
+from core.runner import UnitRunner, run_node, run_unit
+from core.runtimes.onnx_graphs import UnitGraphs
+from core.runtimes.onnxrt import OrtUnits, providers, session_options, unavailable
+from core.runtimes.ort_memory import measure_workspaces
+from core.tree import Layer, Node, Parallel, Series, iter_layers, iter_nodes
 
 RTOL = {torch.float32: 1e-4}
 

@@ -2,7 +2,7 @@
 
 measure → discretise → solve are separate steps; this is the first. It runs the network
 unit by unit at every batch size of the grid, timing every unit and every join fold in
-place, on every unit runtime asked for (``planner.runtimes``: torch, and ONNX Runtime where
+place, on every unit runtime asked for (``core.runtimes``: torch, and ONNX Runtime where
 it takes the unit), then measures workspaces, and returns a ``Profile`` (schema
 vbs.profile/1) whose ``time``/``ws`` are, per unit and batch size, the fastest runtime's.
 Profiles are cached by a fingerprint of everything that changes the measurement
@@ -28,14 +28,14 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from planner import runtimes
-from planner.errors import ProfileError, UsageError
-from planner.graph.capture import MODULE_GATE, Capture
-from planner.graph.runner import UnitRunner, run_node
+from core import runtimes
+from core.errors import ProfileError, UsageError
+from core.units import MODULE_GATE, Capture
+from core.runner import UnitRunner, run_node
 from planner.profiling.grid import batch_grid, fill_time, fill_workspace
 from planner.profiling.measure import CudaPeaks, PassTimer, cpu_memory_regions
-from planner.solver.memory import allocation, granule_for
-from planner.tree import Layer, Measured, Node, Parallel, Profile, Series, iter_layers, \
+from core.sizes import allocation, granule_for
+from core.tree import Layer, Measured, Node, Parallel, Profile, Series, iter_layers, \
     iter_nodes, load_profile, node_to_json, save_profile
 
 log = logging.getLogger("vbs.profile")
@@ -44,7 +44,7 @@ log = logging.getLogger("vbs.profile")
 @dataclass(frozen=True)
 class ProfileOptions:
     """How to measure: the largest batch, repeats, warm-up runs, whether to use a grid, and
-    the unit runtimes (``planner.runtimes.CHOICES``: auto, torch or onnxruntime)."""
+    the unit runtimes (``core.runtimes.CHOICES``: auto, torch or onnxruntime)."""
 
     batch_max: int
     repeats: int = 5

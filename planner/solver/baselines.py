@@ -28,11 +28,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from planner import runtimes as rt
-from planner.errors import InfeasibleError
-from planner.solver.memory import slots_up
+from core import runtimes as rt
+from core.errors import InfeasibleError
+from core.sizes import slots_up
 from planner.solver.model import Chain, Instance
-from planner.solver.program import Step
+from core.program import Step
 
 Assignment = str  # "" (the profile's only kernels), "torch", or "runs"
 Program = tuple[tuple[Step, ...], tuple[tuple[int, int], ...]]  # steps, runs

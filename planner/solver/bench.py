@@ -24,8 +24,8 @@ from planner.solver.model import build_instance
 from planner.solver.plain import plain_top
 from planner.solver.solve import default_slot_bytes, table_slots
 from planner.solver.synthetic import chain_like, googlenet_like, resnet50_like
-from planner.solver.table import build_table
-from planner.tree import Parallel, Profile, iter_layers, iter_nodes, load_profile
+from planner.solver.tables import build_table
+from core.tree import Parallel, Profile, iter_layers, iter_nodes, load_profile
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.errors import InfeasibleError
-from planner.solver.memory import format_bytes
-from planner.solver.program import Plan
-from planner.solver.runs import plan_shape
-from planner.solver.table import PlanTable
+from core.errors import InfeasibleError
+from core.sizes import format_bytes
+from core.program import Plan
+from core.runs import plan_shape
+from core.table import PlanTable
 
 STRATEGIES = ("vbs", "paper", "greedy", "fbs", "fbs-best")
 BASELINE = "fbs-best"

@@ -8,7 +8,7 @@ walk from the root into branches without Python in the loop.
 Memory accounting in slots (docs/architecture.md): a layer step needs
 ``slots_up(in*b + ws(b) + out*b)``; a block phase reserves ``slots_up((in+out)*b)`` for the
 fork and the join and gives its branches the rest; a run needs ``slots_up(run_need)``
-(``planner.solver.runs``); waiting inputs and arrived outputs of a phase split are
+(``core.runs``); waiting inputs and arrived outputs of a phase split are
 ``slots_up(size*count)`` each. Every piece is rounded up, so the exact bytes of a plan chosen
 within m slots never exceed ``m * slot_bytes``.
 
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner import runtimes as rt
-from planner.errors import PlanError, UsageError
+from core import runtimes as rt
+from core.errors import PlanError, UsageError
 from planner.solver import kernel
-from planner.solver.memory import slots_up
+from core.sizes import slots_up
 from planner.solver.model import Chain, Instance, Unit
 
 MODES = {"vbs": kernel.MODE_VBS, "paper": kernel.MODE_PAPER}

@@ -14,7 +14,7 @@ itself: on torch where the profile names runtimes (``inf`` where the runtime cho
 unit off torch), else on the profile's only kernels. What a runtime that runs units in calls
 (ONNX Runtime) does is a chain's ``RunTable``: for every span of consecutive children of one
 series it can run as one call, at every batch size, what that call costs
-(``planner.solver.pricing``) and needs (``planner.solver.runs.run_need``); a single unit on
+(``planner.solver.pricing``) and needs (``core.runs.run_need``); a single unit on
 that runtime is a span of one.
 
 Every solver, the simulator and the baselines read sizes, workspaces, runs and costs from
@@ -29,12 +29,12 @@ import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
-from planner import runtimes as rt
-from planner.errors import ProfileError, UsageError
+from core import runtimes as rt
+from core.errors import ProfileError, UsageError
 from planner.solver.pricing import Pricing
-from planner.solver.runs import CallCost, RunMemory, TreeIndex, call_cost, figures, \
+from core.runs import CallCost, RunMemory, TreeIndex, call_cost, figures, \
     measured_runs, run_inner, run_need, supports
-from planner.tree import Layer, Node, Parallel, Profile, Series, iter_layers, node_to_json
+from core.tree import Layer, Node, Parallel, Profile, Series, iter_layers, node_to_json
 
 OBJECTIVES = ("time", "energy")
 
@@ -97,8 +97,8 @@ class Instance:
     fingerprint: str = ""
     locate: dict[str, tuple[int, int]] = field(default_factory=dict)  # unit name -> (chain, position)
     tree: Series | None = None  # the profile's tree: the executor's layout walks it
-    granule: int = 1            # the device allocator's rounding (planner.solver.memory.allocation)
-    # the unit runtimes the profile measured (planner.runtimes; () = none named: torch), how
+    granule: int = 1            # the device allocator's rounding (core.sizes.allocation)
+    # the unit runtimes the profile measured (core.runtimes; () = none named: torch), how
     # they were to be chosen (auto, onnxruntime, torch) and each one's fixed cost of a call
     runtimes: tuple[str, ...] = ()
     runtime_choice: str = ""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from planner.solver.kernel import CARRY_MAX_LEN
-from planner.solver.memory import slots_up
+from core.sizes import slots_up
 from planner.solver.model import Chain, Instance
 
 INF = math.inf

@@ -6,7 +6,7 @@ executor pays (docs/architecture.md, "One model of time"):
 
 - a step the executor runs itself (torch): its unit's time at that batch size; a block's
   phase outside any run costs its folds (torch's);
-- a run (steps one runtime call executes, ``planner.solver.runs``): every unit's time
+- a run (steps one runtime call executes, ``core.runs``): every unit's time
   inside the run and every whole block's join, plus one call of that runtime
   (``CallCost``: fixed, and by the bytes it takes and gives, which is what cutting a fused
   run costs: the runtime's layout is left and re-entered at the cut);
@@ -23,10 +23,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from planner import runtimes as rt
-from planner.solver.program import Step
-from planner.solver.runs import CallCost, TreeIndex, figures, run_runtime, step_runtime
-from planner.tree import Layer, Node, Parallel, fold_order
+from core import runtimes as rt
+from core.program import Step
+from core.runs import CallCost, TreeIndex, figures, run_runtime, step_runtime
+from core.tree import Layer, Node, Parallel, fold_order
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ Steps, in order, each ``{"unit": U, "samples": C}`` with C >= 1:
   of consecutive children of one series at one batch size C, blocks whole (a block's step,
   then its branches' units once each), taking the next C samples at its input while nothing
   waits between its units; while it runs it needs ``held + run_need`` (what the runtime
-  holds inside and the run's output, ``planner.solver.runs``), for every one of its steps.
+  holds inside and the run's output, ``core.runs``), for every one of its steps.
 
 A program costs what ``planner.solver.pricing`` says it costs with those runs.
 
@@ -38,12 +38,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from planner.errors import InvalidProgramError, UsageError
-from planner.solver.memory import check_slot_bytes
+from core.errors import InvalidProgramError, UsageError
+from core.sizes import check_slot_bytes
 from planner.solver.model import Chain, Instance, build_instance
-from planner.solver.program import Program, Step
-from planner.solver.runs import figures, run_need, run_runtime, step_runtime
-from planner.tree import Node, Parallel, Profile, fold_order
+from core.program import Program, Step
+from core.runs import figures, run_need, run_runtime, step_runtime
+from core.tree import Node, Parallel, Profile, fold_order
 
 
 @dataclass(frozen=True)

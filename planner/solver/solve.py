@@ -6,7 +6,7 @@ baselines) and ``fbs-best`` (the fastest uniform batch that fits: what a user wh
 max_batch_size gets). All five use the one model of memory of ``planner.solver.model`` and
 the one model of time of ``planner.solver.pricing``; every plan's claimed cost and peak equal
 what ``planner.solver.simulate`` finds for its program and runs; every plan also carries the
-executor's exact peak (``planner.solver.layout``), which can differ. Plan tables (``planner.solver.table``) are keyed by that executor peak; a direct
+executor's exact peak (``core.walk``), which can differ. Plan tables (``core.table``) are keyed by that executor peak; a direct
 ``solve`` answers under the DP's model, which is what the oracle and simulator check.
 
 Slots. By default a slot is 1/``slot_count`` of the exact bytes the plan "every unit at
@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from planner.errors import InfeasibleError, UsageError
+from core.errors import InfeasibleError, UsageError
 from planner.solver import baselines
 from planner.solver.dp import ChainTables, RawPlan
-from planner.solver.layout import layout
-from planner.solver.memory import check_slot_bytes, slots_down, slots_up
+from core.walk import layout
+from core.sizes import check_slot_bytes, slots_down, slots_up
 from planner.solver.model import Chain, Instance, build_instance, check_batch
-from planner.solver.program import Plan, Program, Step
-from planner.tree import Profile
+from core.program import Plan, Program, Step
+from core.tree import Profile
 
 SOLVERS = ("vbs", "paper", "fbs", "fbs-best", "greedy")
 DEFAULT_SLOT_COUNT = 512

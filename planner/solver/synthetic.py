@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from planner.tree import Profile, profile_from_json
+from core.tree import Profile, profile_from_json
 
 F32 = 4
 
@@ -142,7 +142,7 @@ def with_onnxruntime(profile: Profile, seed: int = 0, *, choice: str = "auto") -
     the bytes in and out (the shape ``planner.profiling.ort`` fits)."""
     import dataclasses
 
-    from planner.tree import Layer, Measured, Parallel, Series, iter_layers
+    from core.tree import Layer, Measured, Parallel, Series, iter_layers
 
     rng = random.Random(seed)
     B = profile.batch_max

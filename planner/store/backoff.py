@@ -13,7 +13,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from planner.errors import UsageError
+from core.errors import UsageError
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from planner.errors import TableNotFoundError
+from core.errors import TableNotFoundError
 
 
 @dataclass(frozen=True)

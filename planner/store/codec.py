@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from planner.errors import StoreError, TableFormatError
+from core.errors import StoreError, TableFormatError
 from planner.store.base import TableAnnouncement
 
 

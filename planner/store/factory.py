@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from planner.errors import StoreError
+from core.errors import StoreError
 from planner.store.base import AsyncPlanStore, PlanStore
 from planner.store.keys import mask_url
 from planner.store.local import DEFAULT_POLL_INTERVAL, AsyncLocalStore, LocalStore

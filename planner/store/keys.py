@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from planner.errors import StoreError
+from core.errors import StoreError
 
 NAMESPACE = "vbs:v1"
 CHANNEL = f"{NAMESPACE}:tables"

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from planner.errors import StoreError, TableFormatError
+from core.errors import StoreError, TableFormatError
 from planner.store.base import (AsyncPlanStore, PlanStore, StoredTable, TableAnnouncement,
                                 TableInfo, TableWatch, table_not_found)
 from planner.store.codec import (announced_model, decode_announcement, decode_meta,

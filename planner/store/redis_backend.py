@@ -27,7 +27,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import AuthenticationError, AuthorizationError, RedisError
 from redis.retry import Retry
 
-from planner.errors import StoreError, TableFormatError
+from core.errors import StoreError, TableFormatError
 from planner.store import keys
 from planner.store.base import (AsyncPlanStore, PlanStore, StoredTable, TableAnnouncement,
                                 TableInfo, TableWatch, table_not_found)

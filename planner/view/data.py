@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from planner.errors import UsageError
+from core.errors import UsageError
 from planner.solver.compare import BASELINE, STRATEGIES, unit_uses
-from planner.solver.runs import plan_shape
-from planner.solver.table import PlanTable
-from planner.tree import Profile, node_to_json
+from core.runs import plan_shape
+from core.table import PlanTable
+from core.tree import Profile, node_to_json
 
 BOOK_SCHEMA = "vbs.view/1"
 

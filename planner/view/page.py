@@ -12,7 +12,7 @@ import json
 from importlib import resources
 from typing import Any
 
-from planner.errors import UsageError
+from core.errors import UsageError
 
 ASSETS = {"ui.html": "text/html; charset=utf-8", "ui.js": "text/javascript; charset=utf-8",
           "ui.css": "text/css; charset=utf-8"}

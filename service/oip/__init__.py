@@ -8,7 +8,7 @@ how to build them rather than failing deep inside protobuf.
 
 from __future__ import annotations
 
-from planner.errors import UsageError
+from core.errors import UsageError
 
 try:
     from service.oip import grpc_predict_v2_pb2 as pb

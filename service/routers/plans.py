@@ -18,8 +18,8 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from planner.errors import UsageError
-from planner.solver.memory import parse_bytes
+from core.errors import UsageError
+from core.sizes import parse_bytes
 from service.deps import ApiKey, RegistryDep
 from service.errors import BAD_REQUEST, NO_MODEL, NOT_READY, UNAUTHORIZED, error_responses, \
     field_error

@@ -103,7 +103,9 @@ def model(state: Path) -> Any:
     """The served model with seeded weights, here; the worker loads the same state_dict."""
     import torch
 
-    from planner.models import ModelSpec, load_model
+    from core.loaded import ModelSpec
+
+    from planner.models import load_model
 
     torch.manual_seed(0)
     loaded = load_model(ModelSpec(name=MODEL, input_shape=SHAPE))

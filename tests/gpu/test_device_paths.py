@@ -14,12 +14,13 @@ import pytest
 import torch
 
 from planner.graph.capture import capture
-from planner.graph.runner import run_node
-from planner.models import ModelSpec, load_model
+from core.runner import run_node
+from core.loaded import ModelSpec
+from planner.models import load_model
 from planner.profiling.measure import PassTimer
 from planner.profiling.profiler import ProfileOptions, measure
-from planner.solver.table import build_table
-from planner.tree import iter_layers
+from planner.solver.tables import build_table
+from core.tree import iter_layers
 from tests.gpu.conftest import cuda_only
 from workers.executor import execute
 from workers.memory import MemoryProbe, release_cached

@@ -21,9 +21,9 @@ import math
 
 from dataclasses import replace
 
-from planner.solver.program import Step
-from planner.solver.runs import run_internal
-from planner.tree import Layer, Measured, Parallel, Profile, Series, fold_order, iter_layers, \
+from core.program import Step
+from core.runs import run_internal
+from core.tree import Layer, Measured, Parallel, Profile, Series, fold_order, iter_layers, \
     iter_nodes
 
 
@@ -235,7 +235,7 @@ def oracle(profile: Profile, r: int, budget: int, objective: str = "time"):
 def chain_profile(layers: list[tuple[int, int, list[float], list[int]]], *, batch_max: int,
                   energy: list[list[float]] | None = None) -> Profile:
     """A hand-made chain: one (in, out, times, ws) per layer, named L0, L1, ..."""
-    from planner.tree import profile_from_json
+    from core.tree import profile_from_json
     root = []
     for k, (i, o, t, w) in enumerate(layers):
         node = {"kind": "layer", "name": f"L{k}", "in": i, "out": o, "time": list(t), "ws": list(w)}
@@ -249,7 +249,7 @@ def strategies():
     """Hypothesis strategies for tiny chains and trees: (profile, r, budget)."""
     from hypothesis import strategies as st
 
-    from planner.tree import profile_from_json
+    from core.tree import profile_from_json
 
     @st.composite
     def small_chain(draw, max_units: int = 5, max_batch: int = 5, max_size: int = 3,

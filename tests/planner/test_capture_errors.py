@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from service.commands import main
-from planner.errors import BatchMixingError, ModelError, TraceError, UsageError
+from core.errors import BatchMixingError, ModelError, TraceError, UsageError
 from planner.graph.capture import capture
-from planner.models import ModelSpec, load_model, parse_shape
+from core.loaded import ModelSpec
+from planner.models import load_model, parse_shape
 
 F = "tests.planner.factories"
 

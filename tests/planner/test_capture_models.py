@@ -13,11 +13,14 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from planner.graph.capture import Capture, capture
+from core.units import Capture
+
+from planner.graph.capture import capture
 from planner.graph.inspect import BatchInspector, PARTS
-from planner.graph.runner import run_reference
-from planner.models import ModelSpec, load_model
-from planner.tree import Layer, Parallel, Series, iter_layers, iter_nodes, node_from_json, node_to_json
+from core.runner import run_reference
+from core.loaded import ModelSpec
+from planner.models import load_model
+from core.tree import Layer, Parallel, Series, iter_layers, iter_nodes, node_from_json, node_to_json
 
 
 def blocks(c: Capture) -> list[Parallel]:

@@ -7,11 +7,12 @@ import random
 import pytest
 
 from service.commands import main
-from planner.errors import InfeasibleError, TableFormatError
-from planner.models import ModelSpec
+from core.errors import InfeasibleError, TableFormatError
+from core.loaded import ModelSpec
 from planner.pipeline import model_key
 from planner.solver.compare import STRATEGIES, compare, render
-from planner.solver.table import PlanTable, build_tables
+from core.table import PlanTable
+from planner.solver.tables import build_tables
 from planner.store import open_store
 
 MODEL = "tiny=tests.planner.factories:two_layer@3x8x8"
@@ -118,7 +119,7 @@ def test_show_prints_every_solver_and_the_units(tmp_path, capsys) -> None:
 
 def test_compare_solvers_on_the_paper_example() -> None:
     from tests.planner.test_profile import PAPER_EXAMPLE
-    from planner.tree import profile_from_json
+    from core.tree import profile_from_json
 
     tables = build_tables(profile_from_json(PAPER_EXAMPLE), STRATEGIES, slot_bytes=1)
     # 7 bytes: L2 runs one sample at a time while L1's two outputs are held (2 + 4 + 1).

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from planner.cli_solve import add_parser, run
-from planner.errors import ProfileError, UsageError
-from planner.solver.program import Program
+from core.errors import ProfileError, UsageError
+from core.program import Program
 from planner.solver.simulate import simulate
 from planner.solver.synthetic import googlenet_like
-from planner.tree import profile_from_json, profile_to_json, save_profile
+from core.tree import profile_from_json, profile_to_json, save_profile
 from tests.planner.test_solver_paper_example import PAPER_EXAMPLE_JSON
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,14 +12,15 @@ from pathlib import Path
 import pytest
 import redis
 
-from planner.errors import StoreError, TableFormatError
+from core.errors import StoreError, TableFormatError
 from planner.pipeline import read
-from planner.solver.table import PlanTable, build_table
+from core.table import PlanTable
+from planner.solver.tables import build_table
 from planner.store import keys, open_store
 
 
 def small_table() -> PlanTable:
-    from planner.tree import Layer, Profile, Series
+    from core.tree import Layer, Profile, Series
     layers = tuple(Layer(name=f"l{i}", in_bytes=64, out_bytes=64, time=(1e-3, 1.5e-3),
                          ws=(0, 0)) for i in range(3))
     return build_table(Profile(batch_max=2, root=Series("root", layers),

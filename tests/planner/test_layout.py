@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from planner.errors import InvalidProgramError
-from planner.solver.program import Step
-from planner.tree import Layer, Parallel, Series
-from planner.solver.layout import account, executor_peak, layout
+from core.errors import InvalidProgramError
+from core.program import Step
+from core.tree import Layer, Parallel, Series
+from core.walk import account, executor_peak, layout
 
 
 def layer(name: str, size: int = 1, ws: int = 0, b: int = 4) -> Layer:

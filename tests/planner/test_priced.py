@@ -11,15 +11,15 @@ import sys
 import numpy as np
 import pytest
 
-from planner.errors import InfeasibleError
+from core.errors import InfeasibleError
 from planner.solver import baselines
 from planner.solver.dp import ChainTables
 from planner.solver.model import build_instance
 from planner.solver.simulate import simulate
 from planner.solver.solve import default_slot_bytes, plan_of, raw_steps, solve, table_slots
 from planner.solver.synthetic import chain_like, googlenet_like, resnet50_like, with_onnxruntime
-from planner.solver.table import CALL_MARGIN, build_tables
-from planner.tree import Layer, Measured, Profile, Series, profile_to_json
+from planner.solver.tables import CALL_MARGIN, build_tables
+from core.tree import Layer, Measured, Profile, Series, profile_to_json
 
 ORT, TORCH = "onnxruntime", "torch"
 REL = 1e-12

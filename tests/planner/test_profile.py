@@ -10,13 +10,14 @@ import pytest
 import torch
 
 from service.commands import main
-from planner.errors import ProfileError
+from core.errors import ProfileError
 from planner.graph.capture import capture
-from planner.models import ModelSpec, load_model
+from core.loaded import ModelSpec
+from planner.models import load_model
 from planner.profiling.cpu_memory import region_peaks
 from planner.profiling.grid import batch_grid, fill_time, fill_workspace
 from planner.profiling.profiler import ProfileOptions, cached_profile
-from planner.tree import Parallel, iter_layers, iter_nodes, load_profile, profile_from_json, \
+from core.tree import Parallel, iter_layers, iter_nodes, load_profile, profile_from_json, \
     profile_to_json, save_profile
 
 PAPER_EXAMPLE = {

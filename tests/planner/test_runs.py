@@ -7,14 +7,15 @@ import math
 
 import pytest
 
-from planner.errors import InvalidProgramError, TableFormatError
-from planner.solver.layout import account, layout
+from core.errors import InvalidProgramError, TableFormatError
+from core.walk import account, layout
 from planner.solver.pricing import Pricing
-from planner.solver.program import Step
-from planner.solver.runs import CallCost, TreeIndex, run_internal
+from core.program import Step
+from core.runs import CallCost, TreeIndex, run_internal
 from planner.solver.simulate import simulate
-from planner.solver.table import PlanTable, build_table
-from planner.tree import Layer, Measured, Parallel, Profile, Series
+from core.table import PlanTable
+from planner.solver.tables import build_table
+from core.tree import Layer, Measured, Parallel, Profile, Series
 
 ORT, TORCH = "onnxruntime", "torch"
 B = 4

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from planner.errors import InvalidProgramError, UsageError
-from planner.solver.program import Program, Step
+from core.errors import InvalidProgramError, UsageError
+from core.program import Program, Step
 from planner.solver.simulate import simulate
-from planner.tree import profile_from_json
+from core.tree import profile_from_json
 from tests.planner.oracle import chain_profile
 
 

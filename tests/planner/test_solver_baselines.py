@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.errors import InfeasibleError
+from core.errors import InfeasibleError
 from planner.solver import baselines
 from planner.solver.model import build_instance
 from planner.solver.simulate import simulate

@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.errors import InfeasibleError, ProfileError, UsageError
+from core.errors import InfeasibleError, ProfileError, UsageError
 from planner.solver.dp import ChainTables
 from planner.solver.model import build_instance
 from planner.solver.plain import plain_top
 from planner.solver.simulate import simulate
 from planner.solver.solve import (default_slot_bytes, max_need_slots, solve, table_slots)
 from planner.solver.synthetic import chain_like, googlenet_like, resnet50_like
-from planner.tree import profile_from_json
+from core.tree import profile_from_json
 from tests.planner.oracle import chain_profile, strategies
 from tests.planner.test_solver_oracle import SETTINGS
 
@@ -129,7 +129,7 @@ def test_block_names_share_the_unit_namespace():
 
 
 def test_unmeasured_tree_is_a_profile_error():
-    from planner.tree import Layer, Profile, Series
+    from core.tree import Layer, Profile, Series
     p = Profile(batch_max=2, root=Series("root", (Layer("a", 1, 1),)))
     with pytest.raises(ProfileError, match="not measured"):
         build_instance(p)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner.errors import UsageError
-from planner.solver.memory import check_slot_bytes, format_bytes, parse_bytes, slots_down, slots_up
+from core.errors import UsageError
+from core.sizes import check_slot_bytes, format_bytes, parse_bytes, slots_down, slots_up
 
 
 @pytest.mark.parametrize("text, expected", [

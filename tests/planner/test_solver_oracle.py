@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.errors import InfeasibleError
+from core.errors import InfeasibleError
 from planner.solver.simulate import simulate
 from planner.solver.solve import solve
 from tests.planner.oracle import chain_profile, oracle, oracle_program, strategies

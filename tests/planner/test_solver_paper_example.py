@@ -12,13 +12,13 @@ import json
 import numpy as np
 import pytest
 
-from planner.errors import InfeasibleError
+from core.errors import InfeasibleError
 from planner.solver import kernel
 from planner.solver.dp import ChainTables
 from planner.solver.model import build_instance
 from planner.solver.simulate import simulate
 from planner.solver.solve import solve
-from planner.tree import profile_from_json
+from core.tree import profile_from_json
 
 PAPER_EXAMPLE_JSON = """
 {"schema": "vbs.profile/1", "batch_max": 2,

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from planner.errors import UsageError
+from core.errors import UsageError
 from planner.store.backoff import Backoff
 
 

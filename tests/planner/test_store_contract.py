@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from planner.errors import StoreError, TableNotFoundError
+from core.errors import StoreError, TableNotFoundError
 from planner.store import (AsyncPlanStore, PlanStore, StoredTable, TableAnnouncement,
                            open_async_store, open_store)
 

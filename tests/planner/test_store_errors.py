@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.errors import StoreError, TableNotFoundError
+from core.errors import StoreError, TableNotFoundError
 from planner.settings import Settings
 from planner.store import (AsyncLocalStore, AsyncRedisStore, LocalStore, RedisStore,
                            open_async_store, open_store, printable_location)
@@ -124,7 +124,7 @@ def test_store_path_that_is_a_file(tmp_path: Path) -> None:
 
 _READ_ONLY_CHECK = """
 import sys
-from planner.errors import StoreError
+from core.errors import StoreError
 from planner.store import LocalStore
 store = LocalStore(sys.argv[1])
 for write in (lambda: store.put_table("fp", b"new", {}), lambda: store.set_model("m", "fp")):

@@ -13,14 +13,15 @@ import zlib
 import numpy as np
 import pytest
 
-from planner.errors import InfeasibleError, StoreError, TableFormatError, UsageError
+from core.errors import InfeasibleError, StoreError, TableFormatError, UsageError
 from planner.solver import baselines
-from planner.solver.layout import account, layout
+from core.walk import account, layout
 from planner.solver.model import build_instance
-from planner.solver.program import Program
+from core.program import Program
 from planner.solver.simulate import simulate
 from planner.solver.synthetic import googlenet_like, resnet50_like
-from planner.solver.table import PlanTable, build_table, build_tables
+from core.table import PlanTable
+from planner.solver.tables import build_table, build_tables
 from tests.planner.oracle import chain_profile
 
 SOLVERS = ("vbs", "paper", "greedy", "fbs", "fbs-best")
@@ -225,7 +226,7 @@ def test_old_and_damaged_tables_are_refused_never_misread(tables):
 
 
 def test_a_table_that_inflates_beyond_the_bound_is_refused(monkeypatch):
-    from planner.solver import table as module
+    from core import table as module
 
     monkeypatch.setattr(module, "MAX_TABLE_BYTES", 1000)
     with pytest.raises(TableFormatError, match="more than 1000 bytes"):
@@ -271,7 +272,7 @@ def test_resnet_table_builds_with_add_joins_and_identity_branches():
 
 def test_cuda_tables_count_allocations_in_512_byte_blocks():
     """A CUDA profile's table: every peak is the walk with the caching allocator's rounding."""
-    from planner.tree import Profile
+    from core.tree import Profile
 
     cuda = Profile(PROFILE.batch_max, PROFILE.root, {**PROFILE.meta, "device": "cuda"})
     assert cuda.granule == 512

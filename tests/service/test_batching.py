@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from planner.errors import InfeasibleError
+from core.errors import InfeasibleError
 from planner.settings import Settings
 from service.main import create_app
 from tests.service.conftest import (TINY_SHAPE, Gate, assert_close, assert_error, reference,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from service.commands import build_parser, main
-from planner.errors import UsageError
+from core.errors import UsageError
 from planner.settings import Settings, split_model_entry
 from service.cli import serve_settings
 from service.loadtest import check_loopback, format_table, run_loadtest

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import redis
 
-from planner.models import ModelSpec
+from core.loaded import ModelSpec
 from planner.pipeline import Prepared, prepare, publish
 from planner.settings import Settings
-from planner.solver.table import build_table
+from planner.solver.tables import build_table
 from planner.store import keys, open_store
 from service.main import create_app
 from tests.service.conftest import assert_close, assert_error, reference, run, running, wait_until

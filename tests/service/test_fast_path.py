@@ -23,8 +23,8 @@ from PIL import Image
 from starlette.exceptions import HTTPException
 
 from planner.settings import Settings
-from planner.solver.table import build_table
-from planner.tree import Layer, Profile
+from planner.solver.tables import build_table
+from core.tree import Layer, Profile
 from service import codecs, errors, serving
 from service.deps import InferQuery, LeanRoute, inference_call
 from service.errors import UnavailableError, field_error

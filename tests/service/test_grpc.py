@@ -21,7 +21,7 @@ import tritonclient.http as thttp
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from planner.errors import UsageError
+from core.errors import UsageError
 from planner.settings import Settings
 from service.cli import serve_settings
 from service.commands import build_parser, main

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from planner.solver.synthetic import chain_like
-from planner.solver.table import build_table
+from planner.solver.tables import build_table
 from service import live as live_module
 from service.batcher import Outcome, Timing
 from service.live import Live

@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
-from planner.models import ModelSpec
+from core.loaded import ModelSpec
 from planner.pipeline import prepare
 from planner.settings import Settings
 from planner.store import open_store

@@ -9,8 +9,8 @@ import httpx
 import numpy as np
 import pytest
 
-from planner.errors import InfeasibleError
-from planner.solver.table import CALL_MARGIN
+from core.errors import InfeasibleError
+from planner.solver.tables import CALL_MARGIN
 from service.main import create_app
 from tests.service.conftest import ServerThread, assert_error, settings_for
 
@@ -69,7 +69,7 @@ def test_plan_matches_the_table_and_the_baselines(server: ServerThread, client: 
         assert got["time_total_s"] == pytest.approx(direct.time_total)
         assert body["gain"][solver] == pytest.approx(direct.time_total / want.time_total)
         # vbs is never slower by the tables, but for a plan of fewer calls kept within the
-        # table's margin of the row's least cost (planner.solver.table.CALL_MARGIN)
+        # table's margin of the row's least cost (planner.solver.tables.CALL_MARGIN)
         assert body["gain"][solver] >= (1 - CALL_MARGIN) / (1 + CALL_MARGIN) - 1e-12
     # the same question again is answered identically
     assert client.get("/plan", params={"mem": str(budget), "batch": 4}).json() == body

@@ -15,9 +15,9 @@ import numpy as np
 
 from planner.pipeline import publish
 from planner.settings import Settings
-from planner.solver.table import build_table
+from planner.solver.tables import build_table
 from planner.store import open_store
-from planner.tree import Layer, Profile
+from core.tree import Layer, Profile
 from service.main import create_app
 from workers.worker import Worker
 from tests.service.conftest import (TINY_SHAPE, assert_close, assert_error, reference, run, running,

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from planner.solver.compare import unit_uses
-from planner.tree import iter_nodes
+from core.tree import iter_nodes
 from service.main import create_app
 from tests.service.conftest import TINY_SHAPE, ServerThread, assert_error, settings_for
 

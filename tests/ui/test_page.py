@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.solver.table import PlanTable
+from core.table import PlanTable
 from planner.store import open_store
 from planner.store.keys import table_id
 from tests.ui.conftest import KEY, Served, open_page
@@ -180,7 +180,7 @@ def test_live_figures_change_under_a_small_load(page: Any, served: Served, shot:
 def test_a_table_published_while_the_page_is_open_shows_up(page: Any, served: Served) -> None:
     """`vbs plan --replan` publishes a new version of tiny's table; the service swaps it in,
     and the page, without a reload, says so and redraws its plans from it."""
-    from planner.models import ModelSpec
+    from core.loaded import ModelSpec
     from planner.pipeline import prepare
     from planner.settings import Settings
 

@@ -17,8 +17,8 @@ import pytest
 
 from planner.solver.compare import compare
 from planner.solver.synthetic import googlenet_like
-from planner.solver.table import build_tables
-from planner.tree import save_profile
+from planner.solver.tables import build_tables
+from core.tree import save_profile
 from tests.ui.conftest import Served, open_page, vbs_main
 
 STRATEGIES = ("vbs", "paper", "greedy", "fbs", "fbs-best")

@@ -19,11 +19,12 @@ import sys
 import torch
 
 from planner.graph.capture import capture
-from planner.models import ModelSpec, load_model
+from core.loaded import ModelSpec
+from planner.models import load_model
 from planner.profiling.profiler import ProfileOptions, measure
-from planner.runtimes.onnxrt import OrtUnits
-from planner.runtimes.ort_memory import reset_peak, status_bytes
-from planner.solver.table import build_table
+from core.runtimes.onnxrt import OrtUnits
+from core.runtimes.ort_memory import reset_peak, status_bytes
+from planner.solver.tables import build_table
 from workers.executor import execute
 
 

@@ -18,12 +18,14 @@ import numpy as np
 import pytest
 import torch
 
-from planner.errors import ExecutionError, InfeasibleError, LeaseTimeoutError, UsageError
+from core.errors import ExecutionError, InfeasibleError, LeaseTimeoutError, UsageError
 from planner.graph.capture import capture
-from planner.models import ModelSpec, load_model
+from core.loaded import ModelSpec
+from planner.models import load_model
 from planner.profiling.profiler import ProfileOptions, measure
 from planner.solver.synthetic import googlenet_like, resnet50_like
-from planner.solver.table import PlanTable, build_table
+from core.table import PlanTable
+from planner.solver.tables import build_table
 from workers.arbiter import Arbiter
 from workers.memory import MemoryProbe
 from workers.shares import Want, demand_level, divide, time_per_sample

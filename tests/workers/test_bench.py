@@ -7,8 +7,8 @@ import json
 import pytest
 
 from service.commands import main
-from planner.errors import UsageError
-from planner.solver.memory import parse_budgets
+from core.errors import UsageError
+from core.sizes import parse_budgets
 
 KEYS = {"model", "strategy", "memory_budget", "batch", "time_per_sample_measured",
         "time_per_sample_predicted", "peak_bytes_measured", "peak_bytes_predicted",

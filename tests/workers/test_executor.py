@@ -16,16 +16,17 @@ from typing import Any
 import pytest
 import torch
 
-from planner.errors import InvalidProgramError
+from core.errors import InvalidProgramError
 from planner.graph.capture import capture
-from planner.models import ModelSpec, load_model
-from planner.graph.runner import run_node
+from core.loaded import ModelSpec
+from planner.models import load_model
+from core.runner import run_node
 from planner.profiling.measure import cpu_memory_regions, cpu_peaks
 from planner.profiling.profiler import ProfileOptions, measure
-from planner.solver.layout import account, executor_peak, walk
-from planner.solver.program import Step
-from planner.solver.table import build_table
-from planner.tree import Layer, Parallel, iter_nodes
+from core.walk import account, executor_peak, walk
+from core.program import Step
+from planner.solver.tables import build_table
+from core.tree import Layer, Parallel, iter_nodes
 from workers.executor import TorchBackend, execute
 from workers.memory import MemoryProbe
 from workers.worker import Worker

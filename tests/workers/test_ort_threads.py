@@ -18,16 +18,17 @@ import pytest
 import torch
 
 from planner.graph.capture import capture
-from planner.models import ModelSpec, load_model
+from core.loaded import ModelSpec
+from planner.models import load_model
 from planner.profiling.profiler import ProfileOptions, measure
-from planner.solver.table import build_table
-from planner.tree import iter_layers
+from planner.solver.tables import build_table
+from core.tree import iter_layers
 from workers.executor import _one_call
 from workers.memory import MemoryProbe
 from workers.worker import Worker
 
 ort = pytest.importorskip("onnxruntime")
-from planner.runtimes.onnxrt import SPIN, STOP, OrtUnits, session_options  # noqa: E402
+from core.runtimes.onnxrt import SPIN, STOP, OrtUnits, session_options  # noqa: E402
 
 SHAPE = (3, 64, 64)
 WINDOW_S = 1.0

@@ -21,13 +21,14 @@ import pytest
 import torch
 
 from planner.graph.capture import capture
-from planner.models import ModelSpec, load_model
+from core.loaded import ModelSpec
+from planner.models import load_model
 from planner.profiling.measure import cpu_peaks
 from planner.profiling.profiler import ProfileOptions, fingerprint, measure
-from planner.runtimes.ort_memory import ENV
-from planner.solver.layout import executor_peak
-from planner.solver.table import build_table
-from planner.tree import Parallel, Profile, iter_layers, iter_nodes
+from core.runtimes.ort_memory import ENV
+from core.walk import executor_peak
+from planner.solver.tables import build_table
+from core.tree import Parallel, Profile, iter_layers, iter_nodes
 from workers.executor import execute
 from workers.memory import MemoryProbe
 from workers.worker import Worker
@@ -118,8 +119,8 @@ def test_ort_spin_reaches_every_session_and_changes_no_output(spin: bool) -> Non
 
 
 def test_sessions_beyond_the_bound_are_given_back_least_recently_used_first() -> None:
-    from planner.graph.runner import run_unit
-    from planner.runtimes.onnxrt import OrtUnits
+    from core.runner import run_unit
+    from core.runtimes.onnxrt import OrtUnits
 
     torch.manual_seed(0)
     cap = capture(load_model(ModelSpec("mobilenet_v2", input_shape=SHAPES["mobilenet_v2"])))

@@ -10,9 +10,10 @@ import time
 import torch
 
 from planner.graph.capture import capture
-from planner.models import ModelSpec, load_model
+from core.loaded import ModelSpec
+from planner.models import load_model
 from planner.profiling.profiler import ProfileOptions, measure
-from planner.solver.table import build_table
+from planner.solver.tables import build_table
 from workers.memory import MemoryProbe
 from tests.service.test_reload import regular
 from workers.worker import Worker

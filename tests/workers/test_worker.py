@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from planner.errors import InfeasibleError
+from core.errors import InfeasibleError
 from planner.graph.capture import capture
-from planner.models import ModelSpec, load_model
+from core.loaded import ModelSpec
+from planner.models import load_model
 from planner.profiling.profiler import ProfileOptions, measure
-from planner.solver.table import build_table
+from planner.solver.tables import build_table
 from workers.memory import MemoryProbe
 from workers.worker import Worker
 

@@ -1,7 +1,7 @@
 """ONNX Runtime under the plan: one InferenceSession per run of units, outputs bound in place.
 
 A run (consecutive children of one series, at one batch size) is composed from the units'
-ONNX graphs (``planner.runtimes.onnx_graphs``) and gets a session the first time it runs;
+ONNX graphs (``core.runtimes.onnx_graphs``) and gets a session the first time it runs;
 sessions are kept by run, the least recently used given back beyond ``max_sessions``
 (`VBS_ORT_SESSIONS`): each holds a thread and its share of the arena. Inputs and outputs are
 bound with I/O binding to the executor's own tensors, so ONNX Runtime allocates only what lives inside a run: the activations between
@@ -29,10 +29,10 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from planner.errors import ExecutionError
-from planner.graph.capture import Capture
-from planner.runtimes.onnx_graphs import CannotCompose, UnitGraphs, export_units
-from planner.tree import Node, Parallel, Series
+from core.errors import ExecutionError
+from core.units import Capture
+from core.runtimes.onnx_graphs import CannotCompose, UnitGraphs, export_units
+from core.tree import Node, Parallel, Series
 
 NAME = "onnxruntime"
 VERSION = ort.__version__

@@ -3,7 +3,7 @@
 The DP needs only time(u, b) and memory(u, b); it does not care which kernels produced them.
 ``torch`` runs a unit's modules as the model does (the reference, and where nothing else
 can); ``onnxruntime`` runs units exported to ONNX, a run of units at one batch size as one
-session (``planner.runtimes.onnxrt``). The profile holds every runtime's figures, every step
+session (``core.runtimes.onnxrt``). The profile holds every runtime's figures, every step
 of a plan names its runtime, and the runtimes and their versions are part of the profile's
 fingerprint, so a table is never read for kernels it was not measured on.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 
-from planner.errors import UsageError
+from core.errors import UsageError
 
 TORCH = "torch"
 ONNXRUNTIME = "onnxruntime"

@@ -15,7 +15,7 @@ call does not take more than it says (tests/workers/test_runtimes.py checks that
 plans, in another process). Tensors smaller than a page come from the heap, where RSS cannot
 see them: a unit that small is measured at what it touched.
 
-    python -m planner.runtimes.ort_memory JOB.json   # prints {name: {batch: bytes}}
+    python -m core.runtimes.ort_memory JOB.json   # prints {name: {batch: bytes}}
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from planner.errors import ProfileError
+from core.errors import ProfileError
 
 MARGIN = 1 / 8
 SLACK = 256 * 1024
@@ -56,7 +56,7 @@ def _child(job_path: str) -> None:
 
     job = json.loads(Path(job_path).read_text())
     dtype = np.dtype(job["dtype"])
-    options = ort.SessionOptions()  # as planner.runtimes.onnxrt's, without the arena
+    options = ort.SessionOptions()  # as core.runtimes.onnxrt's, without the arena
     options.intra_op_num_threads = job["threads"]
     options.inter_op_num_threads = 1
     options.enable_cpu_mem_arena = False
@@ -100,7 +100,7 @@ def measure_workspaces(units: Iterable[tuple[str, bytes, tuple[int, ...], tuple[
         job = Path(tmp) / "job.json"
         job.write_text(json.dumps({"units": job_units, "batches": batches, "dtype": dtype,
                                    "threads": threads, "repeats": repeats}))
-        done = subprocess.run([sys.executable, "-m", "planner.runtimes.ort_memory", str(job)],
+        done = subprocess.run([sys.executable, "-m", "core.runtimes.ort_memory", str(job)],
                               capture_output=True, text=True, env={**os.environ, **ENV})
     if done.returncode != 0:
         tail = done.stderr.strip().splitlines()[-1:] or ["no output"]

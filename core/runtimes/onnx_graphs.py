@@ -24,8 +24,8 @@ import onnx
 import torch
 from onnx import TensorProto, helper
 
-from planner.graph.capture import MODULE_GATE, Capture
-from planner.tree import Layer, Node, Parallel, Series, iter_layers
+from core.units import MODULE_GATE, Capture
+from core.tree import Layer, Node, Parallel, Series, iter_layers
 
 OPSET = 17
 EXPORT_BATCH = 2  # traced at 2 samples: a batch of 1 lets the exporter fold size-1 dimensions

@@ -15,20 +15,20 @@ from typing import Any, ContextManager
 
 import torch
 
-from planner.graph.capture import Capture
-from planner.tree import Layer, Node, Series, fold_order
+from core.units import Capture
+from core.tree import Layer, Node, Series, fold_order
 
 
 Around = Callable[[str], ContextManager[Any]]
 # What runs one unit on all of x (``own``: nobody else reads x): ``run_unit`` by default, or a
-# unit runtime's (planner.runtimes), which the profiler times in the same passes.
+# unit runtime's (core.runtimes), which the profiler times in the same passes.
 UnitRunner = Callable[[Layer, torch.Tensor, bool], torch.Tensor]
 
 
 def run_unit(capture: Capture, unit: Layer, x: torch.Tensor, *, in_place: bool = False
              ) -> torch.Tensor:
     """One unit on ``x``, its output in a buffer of its own; with ``in_place`` (an ``inplace``
-    unit on a buffer nobody else reads: see ``planner.solver.layout``), in ``x`` itself.
+    unit on a buffer nobody else reads: see ``core.walk``), in ``x`` itself.
 
     A unit whose output is a view of its input (ShuffleNet's channel split; an in-place op on
     the input computes a new tensor since capture, see ``write_new_tensors``) gets it copied:

@@ -8,7 +8,7 @@ A tree is made of four kinds of node (schema ``vbs.profile/1``, docs/architectur
   ``inplace`` (optional, false) marks a unit that only writes into its input, such as the
   in-place ReLU after a residual add: run on every sample of a buffer nobody else reads,
   its output is that buffer (the executor's walk counts no new output then).
-  With unit runtimes (``planner.runtimes``): ``runtimes`` holds each runtime's own
+  With unit runtimes (``core.runtimes``): ``runtimes`` holds each runtime's own
   measurements (``time``: one call on b samples; ``ws``), ``unsupported`` why a runtime
   cannot take the unit, and ``runtime[b-1]`` which runtime ``time``/``ws`` are of: the
   fastest at b (for ONNX Runtime its time inside a run of units, the call's fixed cost
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-from planner.errors import ProfileError
+from core.errors import ProfileError
 
 SCHEMA = "vbs.profile/1"
 
@@ -136,7 +136,7 @@ class Profile:
     def granule(self) -> int:
         """Bytes the device's allocator rounds every allocation up to (512 for CUDA's caching
         allocator, 1 on CPU): from ``meta["alloc_granule"]``, else from ``meta["device"]``."""
-        from planner.solver.memory import granule_for
+        from core.sizes import granule_for
 
         given = self.meta.get("alloc_granule")
         if isinstance(given, int) and not isinstance(given, bool) and given >= 1:
@@ -164,7 +164,7 @@ def fold_order(block: Parallel) -> tuple[int, ...]:
 
     Branches run in their order, but an ``add`` join folds its identity branches (which run
     nothing) last: then the first fold is a branch's output, which the join can take over as
-    its buffer instead of copying it (``planner.graph.capture.Join.fold``). Every ``add`` join
+    its buffer instead of copying it (``core.units.Join.fold``). Every ``add`` join
     has two operands, and IEEE addition of two numbers does not depend on their order, so the
     result is bit for bit the model's. No step of a program belongs to an identity branch, so
     a program's steps are in this order as much as in the branches' own."""
@@ -420,7 +420,7 @@ def save_profile(profile: Profile, path: str | Path) -> None:
 
 def render(node: Node, depth: int = 0) -> list[str]:
     """The tree as indented lines: kind, name, and bytes per sample in and out."""
-    from planner.solver.memory import format_bytes  # light: no numba
+    from core.sizes import format_bytes  # light: no numba
     pad = "  " * depth
     if isinstance(node, Layer):
         tag = "opaque " if node.kind == "opaque" else ""

@@ -2,11 +2,11 @@
 
 A Program is a list of steps ``{"unit": NAME, "samples": C}``: run that unit on the next C
 samples waiting at its input, in order; a step may name the unit runtime it runs on
-(``"runtime": "onnxruntime"``, see ``planner.runtimes``), else it runs on the unit's default. A step naming a parallel block opens a phase of C
+(``"runtime": "onnxruntime"``, see ``core.runtimes``), else it runs on the unit's default. A step naming a parallel block opens a phase of C
 samples of that block; the steps of its branches follow (``planner.solver.simulate`` is the
 one executable statement of what a program means). A Plan is a program with what the solver
 claims about it: its cost under the objective, its total time, its peak under the DP's model
-of memory, and the executor's exact peak and buffer splits (``planner.solver.layout``): what
+of memory, and the executor's exact peak and buffer splits (``core.walk``): what
 running it allocates, by which plans are chosen.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from planner.errors import InvalidProgramError
+from core.errors import InvalidProgramError
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class Program:
     def from_json(cls, raw: Any) -> "Program":
         """Parse ``[{"unit": NAME, "samples": C[, "runtime": R]}, ...]``; a malformed step is
         an InvalidProgramError."""
-        from planner.runtimes import RUNTIMES
+        from core.runtimes import RUNTIMES
 
         if not isinstance(raw, list):
             raise InvalidProgramError(f"a program must be a JSON list of steps, got {type(raw).__name__}")

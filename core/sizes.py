@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
-from planner.errors import UsageError
+from core.errors import UsageError
 
 # Decimal units are powers of 1000, binary ones powers of 1024 (MB = 10^6, MiB = 2^20).
 _UNITS = {

@@ -13,7 +13,7 @@ inside it, else gathers them into a buffer of its own; a chunk is freed when its
 has been taken and read. A block's phase takes its fork the same way and its branches fold
 into its join buffer in place (an ``add`` join takes over its first branch's output whole
 instead of copying it). A unit that only writes into its input (``inplace``) keeps a chunk of
-its own as its output. A run (``planner.solver.runs``: steps one runtime call executes) takes
+its own as its output. A run (``core.runs``: steps one runtime call executes) takes
 its input as a step does and gives its last node's output; what the runtime holds inside it
 counts while it runs.
 
@@ -31,13 +31,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from planner.errors import InvalidProgramError
-from planner.runtimes import TORCH
-from planner.solver.memory import allocation
-from planner.solver.program import Step
-from planner.solver.runs import RunMemory, TreeIndex, figures, run_inner, run_runtime, \
+from core.errors import InvalidProgramError
+from core.runtimes import TORCH
+from core.sizes import allocation
+from core.program import Step
+from core.runs import RunMemory, TreeIndex, figures, run_inner, run_runtime, \
     step_runtime
-from planner.tree import Layer, Node, Parallel, Series, fold_order
+from core.tree import Layer, Node, Parallel, Series, fold_order
 
 H = TypeVar("H")  # a back end's handle on a buffer: a tensor, or a byte count
 
@@ -54,7 +54,7 @@ class Backend(Protocol[H]):
 
     def run_many(self, nodes: tuple[Node, ...], x: H, samples: int, runtime: str) -> H:
         """Run consecutive children of one series as one call of ``runtime`` (a run: see
-        ``planner.solver.runs``); returns the last one's (newly allocated) output."""
+        ``core.runs``); returns the last one's (newly allocated) output."""
 
     def view(self, chunk: H, start: int, samples: int) -> H:
         """Samples ``start..start+samples`` of a chunk, without copying."""
@@ -190,7 +190,7 @@ def walk(backend: Backend[H], root: Series, steps: Iterable[Step], x: H, samples
     piece is freed when its own reader finishes, instead of the chunk living until its last
     sample is read); ``seen`` collects how every chunk is read (see ``layout``);
     ``after_step(n)`` is called when the action of the last n steps is done. ``runs`` maps
-    the first step of every run to its last (``planner.solver.runs``): those steps run as one
+    the first step of every run to its last (``core.runs``): those steps run as one
     call of their runtime (the plan says which: the DP chose where to cut).
     """
     splits = splits or {}

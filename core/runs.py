@@ -5,7 +5,7 @@ a last, all at the same batch size c, each taking exactly what the one before it
 samples waiting between them), a block inside whole (its phase of c samples, every branch's
 units once at c, its join in the graph). Where a plan cuts its runs is the DP's choice (a
 cut costs a call: ``planner.solver.pricing``), so every plan carries its runs and the walk
-(``planner.solver.layout``) follows them; this module holds what a run is and holds:
+(``core.walk``) follows them; this module holds what a run is and holds:
 
 - ``run_internal``: the bytes a run holds inside the runtime (the activations between its
   units and the largest workspace): its input is the walk's take, its output the walk's own
@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner import runtimes as rt
-from planner.solver.memory import allocation
-from planner.solver.program import Step
-from planner.tree import Layer, Node, Parallel, Profile, Series, fold_order
+from core import runtimes as rt
+from core.sizes import allocation
+from core.program import Step
+from core.tree import Layer, Node, Parallel, Profile, Series, fold_order
 
 
 @dataclass(frozen=True)
