@@ -44,7 +44,8 @@ import numpy as np
 
 from core.loaded import ModelSpec
 from planner.pipeline import prepare
-from planner.settings import Settings, split_model_entry
+from planner.settings import split_model_entry
+from service.settings import Settings
 from core.sizes import format_bytes, parse_bytes
 from planner.store import open_store
 from service.loadtest import run_loadtest

@@ -35,7 +35,7 @@ import httpx
 
 from core.loaded import ModelSpec
 from planner.pipeline import prepare
-from planner.settings import Settings
+from service.settings import Settings
 from core.table import PlanTable
 from planner.store import open_store
 from workers.memory import MemoryProbe

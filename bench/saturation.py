@@ -37,7 +37,7 @@ from pathlib import Path
 
 from core.loaded import ModelSpec
 from planner.pipeline import prepare
-from planner.settings import Settings
+from service.settings import Settings
 from planner.store import open_store
 from service.loadtest import run_loadtest
 from served import add_trees_argument, interleaved, vbs_serve

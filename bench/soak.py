@@ -56,7 +56,7 @@ import uvicorn
 from core.errors import StoreError
 from core.loaded import ModelSpec
 from planner.pipeline import prepare, publish
-from planner.settings import Settings
+from service.settings import Settings
 from planner.solver.tables import build_table
 from planner.store import open_store
 from service.main import create_app

@@ -44,7 +44,7 @@ import uvicorn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner.settings import Settings  # noqa: E402
+from service.settings import Settings  # noqa: E402
 from service import batcher, deps, serving  # noqa: E402
 from service.main import create_app  # noqa: E402
 from service.protocol import HttpProtocol  # noqa: E402

@@ -51,7 +51,7 @@ def in_process(model: str, store: str, cache: str, env: dict[str, str], requests
 import time, statistics, torch
 from core.loaded import ModelSpec
 from planner.pipeline import prepare
-from planner.settings import Settings
+from service.settings import Settings
 from planner.store import open_store
 from workers.memory import MemoryProbe
 from workers.worker import Worker

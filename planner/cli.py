@@ -67,7 +67,8 @@ def load_capture(args: argparse.Namespace, settings: Settings) -> Any:
     """Load and capture the model the flags name (imports torch)."""
     from planner.graph.capture import capture
     from core.loaded import ModelSpec
-    from planner.models import apply_threads, load_model, parse_shape
+    from core.shapes import parse_shape
+    from planner.models import apply_threads, load_model
 
     apply_threads(settings.threads)
     shape = parse_shape(args.input_shape) if args.input_shape else None

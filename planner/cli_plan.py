@@ -31,7 +31,7 @@ from planner.settings import Settings, split_model_entry
 def _specs(args: argparse.Namespace, settings: Settings) -> list[tuple[str, Any]]:
     """(served name, ModelSpec) for every --model, else every VBS_MODELS entry."""
     from core.loaded import ModelSpec
-    from planner.models import parse_shape
+    from core.shapes import parse_shape
 
     entries = args.model or list(settings.models)
     if not entries:

@@ -40,19 +40,6 @@ def apply_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def parse_shape(text: str) -> tuple[int, ...]:
-    """``"3,224,224"`` or ``"3x16x112x112"`` → a tuple of positive ints."""
-    parts = [p for p in text.replace("x", ",").replace(" ", "").split(",") if p]
-    try:
-        shape = tuple(int(p) for p in parts)
-    except ValueError as exc:
-        raise UsageError(f"input shape {text!r}: give positive integers like 3,224,224") from exc
-    if not shape or any(d < 1 for d in shape):
-        raise UsageError(f"input shape {text!r}: give positive integers like 3,224,224 (C,H,W) "
-                         "or 3,16,112,112 (C,T,H,W), without the batch dimension")
-    return shape
-
-
 def torchvision_names() -> tuple[list[str], list[str]]:
     """(classification, video) model names that torchvision builds."""
     classification = torchvision.models.list_models(module=torchvision.models)

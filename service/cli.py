@@ -94,7 +94,7 @@ _FLAGS = {"store": "store", "weights": "weights", "host": "host", "port": "port"
 
 def serve_settings(args: argparse.Namespace) -> Any:
     """Settings from the environment, overridden by the flags given."""
-    from planner.settings import Settings
+    from service.settings import Settings
 
     overrides: dict[str, Any] = {field: getattr(args, flag) for flag, field in _FLAGS.items()
                                  if getattr(args, flag, None) is not None}
@@ -139,7 +139,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_loadtest(args: argparse.Namespace) -> int:
-    from planner.settings import Settings
+    from service.settings import Settings
     from service.loadtest import format_table, run_loadtest
 
     try:

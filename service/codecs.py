@@ -33,7 +33,6 @@ import functools
 import io
 import json
 import math
-import re
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +41,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from core.errors import UsageError
+from core.shapes import parse_shape
 from service.errors import PayloadTooLargeError, RequestError, field_error
 
 # -- dtypes -----------------------------------------------------------------------------------
@@ -316,11 +317,10 @@ def decode_npy(body: bytes, input_shape: Sequence[int], max_samples: int) -> np.
 
 
 def _parse_shape_text(text: str, where: str) -> tuple[int, ...]:
-    parts = [p for p in re.split(r"[x,\s]+", text.strip().strip("[]()")) if p]
-    if (not parts or len(parts) > _MAX_RANK
-            or not all(p.isdigit() or p == "-1" for p in parts)):
-        raise field_error(where, f"{text!r} is not a shape: give whole numbers like 4,3,224,224")
-    return tuple(int(p) for p in parts)
+    try:
+        return parse_shape(text, batch=True, max_rank=_MAX_RANK, what="shape")
+    except UsageError as exc:
+        raise field_error(where, str(exc)) from exc
 
 
 def decode_raw(body: bytes, input_shape: Sequence[int], max_samples: int, *,

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import QueryParams
 from starlette.responses import Response
 
-from planner.settings import Settings
+from service.settings import Settings
 from service.admission import estimate_hold
 from service.errors import AuthError, PayloadTooLargeError, RequestError
 from service.metrics import Metrics

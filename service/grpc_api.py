@@ -29,7 +29,7 @@ import grpc
 from fastapi.security.utils import get_authorization_scheme_param
 
 from core.errors import VbsError
-from planner.settings import Settings
+from service.settings import Settings
 from service import codecs, grpc_codec, serving
 from service.deps import check_api_key
 from service.errors import ModelNotFoundError, field_error, status_of

@@ -20,7 +20,7 @@ from typing import Any
 import uvicorn
 
 from core.errors import UsageError
-from planner.settings import Settings
+from service.settings import Settings
 from service.metrics import Metrics
 from service.registry import Registry
 

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from planner.settings import Settings
+from service.settings import Settings
 from service import errors
 from service.fastpath import FastPathApp
 from service.grpc_server import GrpcServer

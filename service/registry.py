@@ -34,7 +34,7 @@ from typing import Any
 
 from core.errors import StoreError, TableFormatError, UsageError, VbsError
 from core.loaded import ModelSpec
-from planner.settings import Settings
+from service.settings import Settings
 from core.table import PlanTable
 from planner.store import Backoff, PlanStore, open_async_store, open_store, printable_location
 from planner.store.base import AsyncPlanStore

@@ -27,7 +27,7 @@ from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from planner.settings import Settings
+from service.settings import Settings
 from service import codecs
 from service.batcher import Outcome
 from service.deps import InferQuery

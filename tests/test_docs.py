@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.settings import Settings
+from service.settings import Settings
 from service.main import create_app
 
 ROOT = Path(__file__).resolve().parent.parent

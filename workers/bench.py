@@ -189,7 +189,7 @@ def run_bench(capture: Capture, profile: Profile, tables: dict[str, PlanTable], 
         "time_mape": _mape([(r.time_per_sample_predicted, r.time_per_sample_measured) for r in done]),
         # against what the walk says torch allocates: the claim itself where every step runs on
         # torch; where steps run on ONNX Runtime the claim adds what it holds inside its calls,
-        # which no torch counter sees (tests/workers/test_runtimes.py checks that against RSS)
+        # which no torch counter sees (tests/core/test_runtimes.py checks that against RSS)
         "peak_mape": _mape([(r.peak_bytes_predicted, r.peak_bytes_measured) for r in done]),
         "model_peak_mape": _mape([(r.peak_bytes_model, r.peak_bytes_measured) for r in done]),
         "claimed_equals_measured": sum(1 for r in done if r.peak_bytes_claimed == r.peak_bytes_measured),

@@ -11,7 +11,7 @@ allocation (4 KiB), but what a call takes varies from call to call (how its thre
 work and when each frees its scratch): by a few percent on large units, and by up to about
 200 KiB on small ones, whatever their size, in the same process and between processes. So the
 workspace is the most of ``repeats`` calls plus ``MARGIN`` of it plus ``SLACK``, so that a
-call does not take more than it says (tests/workers/test_runtimes.py checks that in real
+call does not take more than it says (tests/core/test_runtimes.py checks that in real
 plans, in another process). Tensors smaller than a page come from the heap, where RSS cannot
 see them: a unit that small is measured at what it touched.
 

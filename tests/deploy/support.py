@@ -115,7 +115,7 @@ def exported_metric_names() -> frozenset[str]:
     """Every series name a service exports on /metrics, read from a real app's registry (not a
     list kept here): a counter ``x`` as ``x_total`` and ``x_created``, a histogram as its
     ``_bucket``, ``_sum``, ``_count`` and ``_created``, a gauge as itself."""
-    from planner.settings import Settings
+    from service.settings import Settings
     from service.main import create_app
 
     suffixes = {"counter": ("_total", "_created"), "gauge": ("",),

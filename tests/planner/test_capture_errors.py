@@ -12,7 +12,8 @@ from service.commands import main
 from core.errors import BatchMixingError, ModelError, TraceError, UsageError
 from planner.graph.capture import capture
 from core.loaded import ModelSpec
-from planner.models import load_model, parse_shape
+from core.shapes import parse_shape
+from planner.models import load_model
 
 F = "tests.planner.factories"
 

@@ -26,7 +26,7 @@ import torch
 import uvicorn
 from fastapi import FastAPI
 
-from planner.settings import Settings
+from service.settings import Settings
 from service.grpc_server import UvicornServer
 from service.protocol import HttpProtocol
 from service.registry import ModelEntry

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from core.errors import InfeasibleError
-from planner.settings import Settings
+from service.settings import Settings
 from service.main import create_app
 from tests.service.conftest import (TINY_SHAPE, Gate, assert_close, assert_error, reference,
                                     run, running, wait_until)

@@ -12,7 +12,8 @@ import pytest
 
 from service.commands import build_parser, main
 from core.errors import UsageError
-from planner.settings import Settings, split_model_entry
+from planner.settings import split_model_entry
+from service.settings import Settings
 from service.cli import serve_settings
 from service.loadtest import check_loopback, format_table, run_loadtest
 from service.main import create_app

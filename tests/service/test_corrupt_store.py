@@ -16,7 +16,7 @@ import redis
 
 from core.loaded import ModelSpec
 from planner.pipeline import Prepared, prepare, publish
-from planner.settings import Settings
+from service.settings import Settings
 from planner.solver.tables import build_table
 from planner.store import keys, open_store
 from service.main import create_app

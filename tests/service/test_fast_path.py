@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from PIL import Image
 from starlette.exceptions import HTTPException
 
-from planner.settings import Settings
+from service.settings import Settings
 from planner.solver.tables import build_table
 from core.tree import Layer, Profile
 from service import codecs, errors, serving

@@ -22,7 +22,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from core.errors import UsageError
-from planner.settings import Settings
+from service.settings import Settings
 from service.cli import serve_settings
 from service.commands import build_parser, main
 from service.loadtest_grpc import check_target, run_grpc_loadtest

@@ -22,7 +22,7 @@ import pytest
 
 from core.loaded import ModelSpec
 from planner.pipeline import prepare
-from planner.settings import Settings
+from service.settings import Settings
 from planner.store import open_store
 from service.main import create_app
 from tests.service.conftest import Gate, ServerThread, assert_close, reference, run, wait_until

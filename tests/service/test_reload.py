@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 
 from planner.pipeline import publish
-from planner.settings import Settings
+from service.settings import Settings
 from planner.solver.tables import build_table
 from planner.store import open_store
 from core.tree import Layer, Profile

@@ -182,7 +182,7 @@ def test_a_table_published_while_the_page_is_open_shows_up(page: Any, served: Se
     and the page, without a reload, says so and redraws its plans from it."""
     from core.loaded import ModelSpec
     from planner.pipeline import prepare
-    from planner.settings import Settings
+    from service.settings import Settings
 
     sec = section(page, "tiny")
     sec.locator("[data-role=summary][data-table-version]").wait_for(state="attached")

@@ -186,7 +186,7 @@ def test_what_onnxruntime_holds_inside_its_calls_stays_within_the_claim(name: st
     by a bound built from their units, which errs high."""
     env = {**os.environ, **ENV,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-m", "tests.workers.rss_child", name, shape, str(B)],
+    done = subprocess.run([sys.executable, "-m", "tests.core.rss_child", name, shape, str(B)],
                           capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

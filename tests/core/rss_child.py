@@ -7,7 +7,7 @@ the peak resident set (``VmHWM``, reset through ``/proc/self/clear_refs``) while
 what it allocates: the executor's tensors, torch's workspaces and ONNX Runtime's memory inside
 its calls. Prints one JSON object per plan run.
 
-    python -m tests.workers.rss_child MODEL C,H,W BATCH_MAX
+    python -m tests.core.rss_child MODEL C,H,W BATCH_MAX
 """
 
 from __future__ import annotations
