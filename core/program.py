@@ -133,8 +133,8 @@ class Plan:
     program: Program
     cost: float        # total of the objective (seconds for "time", joules for "energy")
     time_total: float  # total seconds, whatever the objective
-    peak_bytes: int    # exact peak under the DP's model of memory (the simulator's figure)
-    executor_peak_bytes: int  # exact bytes the executor allocates running it (its layout)
+    modelled_bytes: int  # exact peak under the DP's model of memory (the simulator's figure)
+    peak_bytes: int      # exact bytes the executor allocates running it (the walk's figure)
     splits: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (step, sizes): outputs split at once
     runs: tuple[tuple[int, int], ...] = ()  # (first step, last step): one runtime call each
 
@@ -172,7 +172,7 @@ class Plan:
                 "batch": self.batch, "memory_budget": self.budget_bytes,
                 "slot_bytes": self.slot_bytes, "time_total": self.time_total,
                 "time_per_sample": self.time_per_sample, "cost": self.cost,
-                "peak_bytes": self.peak_bytes, "executor_peak_bytes": self.executor_peak_bytes,
+                "peak_bytes": self.modelled_bytes, "executor_peak_bytes": self.peak_bytes,
                 "plan_id": self.plan_id,
                 "program": self.program.to_json(),
                 **({"runs": [list(r) for r in self.runs], "calls": self.calls}

@@ -47,7 +47,7 @@ class TablePlan:
     cost: float
     time_total: float
     peak_bytes: int         # what the executor allocates running it: the table's claim
-    model_peak_bytes: int   # the DP's model of memory for the same program
+    modelled_bytes: int     # the DP's model of memory for the same program
     splits: tuple[tuple[int, tuple[int, ...]], ...]  # (step, sizes): outputs split at once
     unit_peaks: np.ndarray  # int64 per table unit: the most held while a step of it ran
     runtimes: np.ndarray | None = None  # int8 per step: index into PlanTable.runtimes
@@ -161,8 +161,8 @@ class PlanTable:
         tp = self.plans[index]
         return Plan(solver=self.solver, objective=self.objective, batch=r, budget_bytes=budget,
                     slot_bytes=self.slot_bytes, program=self.program(index), cost=tp.cost,
-                    time_total=tp.time_total, peak_bytes=tp.model_peak_bytes,
-                    executor_peak_bytes=tp.peak_bytes, splits=tp.splits, runs=tp.runs)
+                    time_total=tp.time_total, modelled_bytes=tp.modelled_bytes,
+                    peak_bytes=tp.peak_bytes, splits=tp.splits, runs=tp.runs)
 
     def lookup(self, r: int, free_bytes: int) -> Plan:
         """The best plan of r samples that fits in ``free_bytes``, or InfeasibleError."""
@@ -214,7 +214,7 @@ class PlanTable:
             "batch_max": self.batch_max, "units": list(self.units),
             "runtimes": list(self.runtimes),
             "plans": [{"id": p.plan_id, "cost": p.cost, "time": p.time_total, "peak": p.peak_bytes,
-                       "model_peak": p.model_peak_bytes,
+                       "model_peak": p.modelled_bytes,
                        "steps": np.stack([p.units, p.samples], axis=1).reshape(-1).tolist(),
                        "splits": [[k, *sizes] for k, sizes in p.splits],
                        "unit_peaks": p.unit_peaks.tolist(),

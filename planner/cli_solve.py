@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{plan.solver} plan: {plan.batch} samples in {format_bytes(plan.budget_bytes)} "
           f"({plan.budget_bytes} bytes; slots of {slot} bytes), objective {plan.objective}")
     print(f"time {plan.time_total:.6g} s total, {plan.time_per_sample:.6g} s per sample; "
-          f"peak {format_bytes(plan.peak_bytes)} ({plan.peak_bytes} bytes); "
+          f"peak {format_bytes(plan.modelled_bytes)} ({plan.modelled_bytes} bytes); "
           f"{len(plan.program)} steps, {plan.calls} runtime calls; plan {plan.plan_id}")
     print(f"runs: {plan_shape(plan.program.steps, plan.runs)}")
     width = max(len(u.name) for u in sim.units)

@@ -141,8 +141,8 @@ def run_bench(capture: Capture, profile: Profile, tables: dict[str, PlanTable], 
             if strategy in ("fbs", BASELINE):
                 row.uniform_batch = plan.program.steps[0].samples
             row.time_per_sample_predicted = plan.time_per_sample
-            row.peak_bytes_claimed = plan.executor_peak_bytes
-            row.peak_bytes_model = plan.peak_bytes
+            row.peak_bytes_claimed = plan.peak_bytes
+            row.peak_bytes_model = plan.modelled_bytes
             row.peak_bytes_predicted = executor_peak(profile.root, plan.program.steps, r,
                                                      granule=table.granule, splits=plan.split_map,
                                                      runs=plan.run_map, inside=False)

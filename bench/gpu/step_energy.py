@@ -94,7 +94,7 @@ def _model(cfg: Config, item: Run, rec: Record, share_s: float) -> None:
             except InfeasibleError as exc:
                 row["plans"][key] = {"feasible": False, "reason": str(exc)[:200]}
                 continue
-            cell = {"feasible": True, "plan_id": plan.plan_id, "peak_bytes": plan.executor_peak_bytes,
+            cell = {"feasible": True, "plan_id": plan.plan_id, "peak_bytes": plan.peak_bytes,
                     "time_per_sample_predicted": plan.time_per_sample,
                     "energy_per_sample_predicted": predicted_energy(profile, plan.program.steps) / r}
             row["plans"][key] = cell

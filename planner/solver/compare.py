@@ -161,7 +161,7 @@ def render(cmp: Comparison, title: str = "", detail: tuple[str, ...] = ("vbs", B
         runs = f" ({len(o.plan.runs)} runtime calls)" if o.plan.runs else ""
         lines.append(f"{o.solver:9} {o.plan.time_per_sample * 1e3:>9.3f} ms "
                      f"{1 / o.plan.time_per_sample:>10.1f} "
-                     f"{format_bytes(o.plan.executor_peak_bytes):>11}  "
+                     f"{format_bytes(o.plan.peak_bytes):>11}  "
                      f"{(f'{gain:.2f}x' if gain else '-'):>8}  {o.plan.plan_id}{runs}")
     shown = [cmp.outcome(s) for s in detail if any(o.solver == s for o in cmp.outcomes)]
     shown = [o for o in shown if o.plan]

@@ -65,7 +65,7 @@ class Simulation:
     usable_bytes: int        # budget rounded down to whole slots
     cost: float              # total objective
     time_total: float        # total seconds
-    peak_bytes: int          # exact
+    modelled_bytes: int      # exact peak under the model of memory (the walk's is ``peak_bytes``)
     peak_slot_bytes: int     # peak rounded up to whole slots
     step_need_bytes: tuple[int, ...]
     units: tuple[UnitUsage, ...] = field(default_factory=tuple)
@@ -188,7 +188,7 @@ def simulate(model: Profile | Instance, program: Program | Iterable[Step], batch
     return Simulation(
         batch=batch, budget_bytes=budget_bytes, slot_bytes=slot_bytes, usable_bytes=usable,
         cost=inst.pricing.program(steps, runs), time_total=inst.time_pricing.program(steps, runs),
-        peak_bytes=peak,
+        modelled_bytes=peak,
         peak_slot_bytes=-(-peak // slot_bytes) * slot_bytes, step_need_bytes=tuple(needs),
         units=tuple(UnitUsage(n, tuple(b), tuple(u)) for n, (b, u) in per_unit.items()))
 

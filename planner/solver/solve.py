@@ -99,7 +99,7 @@ def plan_of(inst: Instance, steps: Sequence[Step], runs: Sequence[tuple[int, int
                 slot_bytes=slot_bytes, program=program,
                 cost=inst.pricing.program(program.steps, runs),
                 time_total=inst.time_pricing.program(program.steps, runs),
-                peak_bytes=peak, executor_peak_bytes=lay.peak,
+                modelled_bytes=peak, peak_bytes=lay.peak,
                 splits=tuple((k, tuple(v)) for k, v in lay.splits.items()), runs=tuple(runs))
 
 

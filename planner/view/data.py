@@ -28,7 +28,7 @@ def plan_description(table: PlanTable, index: int, r: int) -> dict[str, Any]:
     return {"plan_id": tp.plan_id, "time_total_s": tp.time_total,
             "time_per_sample_s": tp.time_total / r,
             "throughput_per_s": r / tp.time_total if tp.time_total > 0 else None,
-            "peak_bytes": tp.peak_bytes, "model_peak_bytes": tp.model_peak_bytes,
+            "peak_bytes": tp.peak_bytes, "model_peak_bytes": tp.modelled_bytes,
             "calls": len(tp.runs) or None,  # runtime calls its runs make (None: torch alone)
             "shape": plan_shape(table.program(index).steps, tp.runs),
             "units": [{"unit": u.name, "batches": list(u.batches), "need_bytes": u.need_bytes,

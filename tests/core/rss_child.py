@@ -49,7 +49,7 @@ def main(name: str, shape: tuple[int, ...], batch_max: int) -> None:
             y = run()
             peak = status_bytes("VmHWM") - base
             del y
-            print(json.dumps({"batch": fit, "limit": limit, "claim": plan.executor_peak_bytes,
+            print(json.dumps({"batch": fit, "limit": limit, "claim": plan.peak_bytes,
                               "peak": peak, "runs": len(plan.runs),
                               "onnxruntime": sum(s.runtime == "onnxruntime"
                                                  for s in plan.program.steps)}), flush=True)

@@ -78,7 +78,7 @@ def test_no_plan_allocates_more_than_its_table_says(device: str, dtype: str) -> 
         y = execute(cap, plan.program.steps, x, plan.split_map, plan.run_map)
         _sync(device)
         peak = torch.cuda.max_memory_allocated() - base
-        assert peak <= plan.executor_peak_bytes, (plan.plan_id, peak, plan.executor_peak_bytes)
+        assert peak <= plan.peak_bytes, (plan.plan_id, peak, plan.peak_bytes)
         torch.testing.assert_close(y.float(), expected, rtol=tol, atol=tol)
         del y
 

@@ -129,7 +129,7 @@ def test_compare_solvers_on_the_paper_example() -> None:
     assert cmp.outcome("fbs-best").time_per_sample == 12
     assert cmp.gain("vbs", "fbs") == pytest.approx(1.2) == cmp.gain("vbs")
     assert cmp.outcome("vbs").usage("L2").batches == (1, 1)
-    assert cmp.outcome("vbs").plan.executor_peak_bytes == 7
+    assert cmp.outcome("vbs").plan.peak_bytes == 7
     text = render(cmp, "paper example")
     assert "1.20x" in text and "1x2" in text
 

@@ -58,7 +58,7 @@ def test_the_dp_s_value_is_what_its_plan_costs_when_it_runs(case):
                 steps = raw_steps(inst, raw)
                 assert inst.pricing.program(steps, raw.runs) == pytest.approx(raw.cost, rel=REL)
                 sim = simulate(inst, steps, r, m * slot, slot_bytes=slot, runs=raw.runs)
-                assert sim.peak_bytes == raw.peak and sim.cost == pytest.approx(raw.cost, rel=REL)
+                assert sim.modelled_bytes == raw.peak and sim.cost == pytest.approx(raw.cost, rel=REL)
                 multi += any(b > a for a, b in raw.runs) and len({s.samples for s in steps}) > 1
     assert multi, "the DP never chose runs of several units beside other batch sizes"
 
@@ -75,7 +75,7 @@ def test_every_table_plan_has_the_time_solve_gives_the_same_plan(case):
                                 budget=peak, slot_bytes=table.slot_bytes, peak=0)
                 assert again.time_total == plan.time_total
                 assert again.cost == plan.cost
-                assert again.executor_peak_bytes == plan.executor_peak_bytes == peak
+                assert again.peak_bytes == plan.peak_bytes == peak
                 assert math.isclose(inst.time_pricing.program(plan.program.steps, plan.runs),
                                     plan.time_total, rel_tol=REL)
 

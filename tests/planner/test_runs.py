@@ -131,7 +131,7 @@ def test_tables_name_every_step_s_runtime_and_keep_torch_where_it_needs_less() -
     # ONNX Runtime, as fast and within the same peak; each call priced
     least = table.plans_for(4)[0][1]
     assert [s.runtime for s in least.program.steps] == [ORT, TORCH] and least.runs == ((0, 0),)
-    assert least.executor_peak_bytes < top.executor_peak_bytes
+    assert least.peak_bytes < top.peak_bytes
     assert math.isclose(least.time_total, (1e-3 + 1e-3) + 3e-3)
     again = PlanTable.from_bytes(table.to_bytes())
     assert again.runtimes == table.runtimes

@@ -41,7 +41,7 @@ def test_paper_example_program_cost_peak_and_table_iii():
     assert sim.time_total == 20 and sim.time_per_sample == 10 and sim.cost == 20
     # L0: 2 inputs + ws 2 + 2 outputs; L1: 2 held at its input + ws 4 + 1 out; then 1+1 held ...
     assert sim.step_need_bytes == (6, 7, 7, 6)
-    assert sim.peak_bytes == 7 and sim.peak_slot_bytes == 7
+    assert sim.modelled_bytes == 7 and sim.peak_slot_bytes == 7
     assert sim.usage("L1").batches == (1, 1) and sim.usage("L1").unused_bytes == (0, 0)
     assert sim.usage("L0").unused_bytes == (1,)
 
@@ -126,7 +126,7 @@ def test_invalid_block_programs_say_which_step_and_why(steps, match):
 def test_budget_is_rounded_down_to_slots_and_the_peak_up():
     prog = Program.of([("L0", 2), ("L1", 1), ("L1", 1), ("L2", 2)])
     sim = simulate(paper_example(), prog, 2, 9, slot_bytes=4)  # usable 8
-    assert sim.usable_bytes == 8 and sim.peak_bytes == 7 and sim.peak_slot_bytes == 8
+    assert sim.usable_bytes == 8 and sim.modelled_bytes == 7 and sim.peak_slot_bytes == 8
     with pytest.raises(InvalidProgramError, match=r"allows 4 \(7 rounded down to slots of 4\)"):
         simulate(paper_example(), prog, 2, 7, slot_bytes=4)
 

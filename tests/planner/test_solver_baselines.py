@@ -41,7 +41,7 @@ def test_fbs_is_the_largest_uniform_batch_that_fits(tree):
             # the slot accounting never claims less than the exact bytes
             assert baselines.fbs_peak(tree, c, r) <= baselines.fbs_slots(tree, c, r, slot) * slot
             sim = simulate(tree, plan.program, r, budget, slot_bytes=slot)
-            assert sim.peak_bytes == plan.peak_bytes and sim.cost == pytest.approx(plan.cost)
+            assert sim.modelled_bytes == plan.modelled_bytes and sim.cost == pytest.approx(plan.cost)
             # every unit runs once per phase, every phase has the same size but the last
             first = plan.program.steps[0].unit
             phases = [s.samples for s in plan.program if s.unit == first]
@@ -67,8 +67,8 @@ def test_fbs_best_is_the_fastest_uniform_batch_that_fits(tree):
             assert plan.cost <= solve(tree, r, budget, solver="fbs", slot_bytes=slot).cost + 1e-12
             assert solve(tree, r, budget, solver="vbs", slot_bytes=slot).cost <= plan.cost + 1e-12
             sim = simulate(tree, plan.program, r, budget, slot_bytes=slot)
-            assert sim.peak_bytes == plan.peak_bytes and sim.cost == pytest.approx(plan.cost)
-            assert plan.executor_peak_bytes > 0
+            assert sim.modelled_bytes == plan.modelled_bytes and sim.cost == pytest.approx(plan.cost)
+            assert plan.peak_bytes > 0
 
 
 def test_greedy_runs_layer_by_layer_at_the_largest_batch_its_rule_allows():
@@ -101,7 +101,7 @@ def test_greedy_runs_layer_by_layer_at_the_largest_batch_its_rule_allows():
                 assert gu.need_by_batch[c - 1] <= m
                 assert all(gu.need_by_batch[d - 1] > m for d in range(c + 1, r + 1))
             sim = simulate(inst, plan.program, r, budget, slot_bytes=slot)
-            assert sim.peak_bytes == plan.peak_bytes <= usable
+            assert sim.modelled_bytes == plan.modelled_bytes <= usable
             assert sim.cost == pytest.approx(plan.cost)
 
 

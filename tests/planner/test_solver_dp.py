@@ -63,7 +63,7 @@ def test_claims_equal_the_simulator_on_network_sized_trees(make):
                     continue
                 sim = simulate(inst, plan.program, r, budget, slot_bytes=slot)
                 assert plan.cost == pytest.approx(sim.cost, rel=1e-9)
-                assert plan.peak_bytes == sim.peak_bytes <= budget // slot * slot
+                assert plan.modelled_bytes == sim.modelled_bytes <= budget // slot * slot
                 costs[solver] = plan.cost
             assert costs["vbs"] <= costs["paper"] * (1 + 1e-9)
             if costs["paper"] < math.inf:

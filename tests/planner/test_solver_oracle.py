@@ -37,7 +37,7 @@ def checked(profile, r, budget, solver, slot=1):
     sim = simulate(profile, plan.program, r, budget, slot_bytes=slot, runs=plan.runs)
     assert plan.cost == pytest.approx(sim.cost, rel=TOL, abs=TOL)
     assert plan.time_total == pytest.approx(sim.time_total, rel=TOL, abs=TOL)
-    assert plan.peak_bytes == sim.peak_bytes <= budget // slot * slot
+    assert plan.modelled_bytes == sim.modelled_bytes <= budget // slot * slot
     return plan.cost
 
 

@@ -40,7 +40,7 @@ def test_time_per_image(profile, solver, per_image):
     plan = solve(profile, 2, 7, solver=solver, slot_bytes=1)
     assert plan.time_per_sample == per_image
     sim = simulate(profile, plan.program, 2, 7)
-    assert sim.time_per_sample == per_image and sim.peak_bytes == plan.peak_bytes <= 7
+    assert sim.time_per_sample == per_image and sim.modelled_bytes == plan.modelled_bytes <= 7
 
 
 @pytest.mark.parametrize("solver", ["vbs", "paper"])

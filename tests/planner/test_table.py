@@ -57,7 +57,7 @@ def test_every_breakpoint_is_what_its_plan_allocates(tables, solver):
         row = t.row(r)
         assert row.peaks.size and np.all(np.diff(row.peaks) > 0)
         for peak, (bp, plan) in zip(row.peaks, t.plans_for(r)):
-            assert bp == peak == plan.executor_peak_bytes
+            assert bp == peak == plan.peak_bytes
             walked = account(PROFILE.root, plan.program.steps, r, splits=plan.split_map)
             assert walked.peak == peak
             assert layout(PROFILE.root, plan.program.steps, r).peak == peak
@@ -67,7 +67,7 @@ def test_every_breakpoint_is_what_its_plan_allocates(tables, solver):
                 assert need == max(walked.needs[k] for k in steps)
             # every plan is a valid program that moves all r samples
             sim = simulate(build_instance(PROFILE, count_request=False), plan.program, r, 1 << 62)
-            assert sim.time_total == pytest.approx(plan.time_total) and sim.peak_bytes == plan.peak_bytes
+            assert sim.time_total == pytest.approx(plan.time_total) and sim.modelled_bytes == plan.modelled_bytes
     assert len({p.plan_id for p in t.plans}) == len(t.plans)  # only distinct plans are kept
 
 
@@ -85,7 +85,7 @@ def test_lookup_is_the_best_plan_that_fits(tables, solver):
                 t.lookup(r, free)
             continue
         got = t.lookup(r, free)
-        assert got.executor_peak_bytes <= free
+        assert got.peak_bytes <= free
         assert got.plan_id == fits[-1][1].plan_id
         assert got.budget_bytes == free and got.batch == r
     if solver in ("vbs", "paper", "fbs-best"):  # ranked by cost: more memory, never slower
