@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 from service.settings import Settings  # noqa: E402
 from service import batcher, deps, serving  # noqa: E402
 from service.main import create_app  # noqa: E402
-from service.protocol import HttpProtocol  # noqa: E402
+from service.fast.protocol import HttpProtocol  # noqa: E402
 from service.routers import inference  # noqa: E402
 from served import free_port  # noqa: E402
 

@@ -182,6 +182,13 @@ class TreeIndex:
             elif isinstance(child, Series):
                 self._add(child)
 
+    def span(self, first: str, last: str) -> tuple[Node, ...] | None:
+        """The children of one series from ``first`` to ``last``, or None when they are not
+        siblings in that order."""
+        series, start = self.where[first]
+        other, stop = self.where[last]
+        return series.children[start:stop + 1] if other is series and stop >= start else None
+
     def run_nodes(self, steps: Sequence[Step], start: int, end: int) -> tuple[Node, ...]:
         """The children of one series that the run of steps ``start..end`` runs."""
         series, first = self.where[steps[start].unit]

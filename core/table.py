@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 import zlib
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from core.errors import InfeasibleError, TableFormatError, UsageError
+from core.lru import LRU
 from core.program import Plan, Program, Step
 
 SCHEMA = "vbs.table/3"
@@ -84,10 +83,8 @@ class PlanTable:
     runtimes: tuple[str, ...] = ()  # the runtimes steps name (core.runtimes); () = none
     # (batch_max,) int64: the least memory any plan of r samples needs, at index r - 1
     min_peaks: np.ndarray = field(init=False, repr=False, compare=False)
-    _programs: OrderedDict[int, Program] = field(default_factory=OrderedDict, init=False,
-                                                 repr=False, compare=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False,
-                                  compare=False)
+    _programs: LRU[Program] = field(default_factory=lambda: LRU(_PROGRAM_CACHE), init=False,
+                                    repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "min_peaks", np.array(
@@ -140,21 +137,13 @@ class PlanTable:
 
     def program(self, index: int) -> Program:
         """Plan ``index``'s program as Steps (built once, kept for the most recent plans)."""
-        with self._lock:
-            found = self._programs.get(index)
-            if found is not None:
-                self._programs.move_to_end(index)
-                return found
+        return self._programs.get_or_make(index, lambda: self._build_program(index))
+
+    def _build_program(self, index: int) -> Program:
         tp = self.plans[index]
-        names = self.units
-        program = Program(tuple(Step(names[u], c, rt) for u, c, rt in
-                                zip(tp.units.tolist(), tp.samples.tolist(),
-                                    tp.runtime_names(self.runtimes))))
-        with self._lock:
-            self._programs[index] = program
-            while len(self._programs) > _PROGRAM_CACHE:
-                self._programs.popitem(last=False)
-        return program
+        return Program(tuple(Step(self.units[u], c, rt) for u, c, rt in
+                             zip(tp.units.tolist(), tp.samples.tolist(),
+                                 tp.runtime_names(self.runtimes))))
 
     def plan(self, index: int, r: int, budget: int) -> Plan:
         """Plan ``index`` (of r samples) as a Plan, for a budget of ``budget`` bytes."""

@@ -118,7 +118,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from planner.store import printable_location
     from service.grpc_server import run as run_server
     from service.main import create_app
-    from service.protocol import HttpProtocol
+    from service.fast.protocol import http_protocol
 
     settings = serve_settings(args)
     for served, name, shape in settings.served_models:  # fail fast on a model that cannot load
@@ -132,7 +132,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
              settings.host, settings.port,
              f" and gRPC port {settings.grpc_port}" if settings.grpc_port else "",
              printable_location(settings.store_location))
-    run_server(create_app(settings), host=settings.host, port=settings.port, http=HttpProtocol,
+    run_server(create_app(settings), host=settings.host, port=settings.port,
+               http=http_protocol(settings.fast_path),
                log_level=args.log_level, access_log=settings.access_log,
                timeout_graceful_shutdown=int(settings.request_timeout_s) + 5)
     return 0

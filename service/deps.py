@@ -5,12 +5,11 @@
 the request body up to ``max_body_bytes``, or ``max_json_bytes`` for JSON (413 beyond, before
 anything is parsed); ``require_api_key`` guards inference and /plan when ``api_key`` is set.
 
-The two inference routes are the exception: they are ``LeanRoute``s, which declare nothing
-but the request (and a path's model name) and call ``inference_call``, which does the same
-three things (API key, query parameters, body) with the same functions. FastAPI solves a
-route's dependencies anew on every request; for ``POST /infer``'s four dependencies and four
-query parameters that cost 0.2-0.3 ms of the event loop per request on a 2-core CPU, more than
-everything else the server does for a one-sample request (docs/benchmarks.md, section 5).
+The two inference routes are the exception: they declare nothing but the request (and a
+path's model name) and call ``inference_call``, which does the same three things (API key,
+query parameters, body) with the same functions, so that the fast path (``service.fast``)
+can call them without FastAPI solving dependencies on every request, the largest part of
+what the server does for a one-sample request (docs/benchmarks.md, section 5).
 ``lean_openapi`` documents what those routes read, from the same declarations (``InferQuery``,
 the bearer scheme).
 """
@@ -20,21 +19,20 @@ from __future__ import annotations
 import functools
 import secrets
 import time
-from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import QueryParams
-from starlette.responses import Response
 
 from service.settings import Settings
 from service.admission import estimate_hold
 from service.errors import AuthError, PayloadTooLargeError, RequestError
+from service.fast.body import receive_body
+from service.media import is_json_body, media_type
 from service.metrics import Metrics
 from service.registry import Registry
 
@@ -93,13 +91,6 @@ BINARY_FORMATS = "application/x-npy, application/octet-stream or OIP v2 binary t
                  "(Inference-Header-Content-Length)"
 
 
-def is_json(request: Request) -> bool:
-    """A JSON body (parsed whole into Python objects), not binary tensors behind a JSON header."""
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    json_kind = kind in ("", "application/json", "text/json") or kind.endswith("+json")
-    return json_kind and "inference-header-content-length" not in request.headers
-
-
 async def read_body(request: Request, settings: SettingsDep) -> bytes:
     """The whole body, refusing (413) one longer than its limit before reading it all: JSON
     has its own, smaller limit (``max_json_bytes``), since it is parsed into Python objects.
@@ -109,39 +100,32 @@ async def read_body(request: Request, settings: SettingsDep) -> bytes:
     server's own overhead, as Triton's perf_analyzer separates send/receive from overhead.
     """
     started = time.perf_counter()
-    if is_json(request) and settings.max_json_bytes < settings.max_body_bytes:
+    if is_json_body(request.headers) and settings.max_json_bytes < settings.max_body_bytes:
         limit, name = settings.max_json_bytes, "max_json_bytes"
         advice = f"send large inputs as {BINARY_FORMATS}, up to max_body_bytes"
         what = "bytes of JSON"
     else:
         limit, name, advice, what = settings.max_body_bytes, "max_body_bytes", \
             "send fewer samples", "bytes"
+    def over(size: int | None = None) -> PayloadTooLargeError:
+        if size is None:
+            return PayloadTooLargeError(f"body: more than the {limit} {what} allowed "
+                                        f"({name}); {advice}")
+        return PayloadTooLargeError(f"body: {size} {what} are more than the {limit} "
+                                    f"allowed ({name}); {advice}")
+
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.strip().isdigit():
             raise RequestError(f"header Content-Length: {declared!r} is not a number of bytes")
         if int(declared) > limit:
-            raise PayloadTooLargeError(f"body: {int(declared)} {what} are more than the {limit} "
-                                       f"allowed ({name}); {advice}")
-    chunks: list[bytes] = []
-    size = 0
-    receive = request.receive  # the ASGI messages themselves: Starlette's stream() is an
-    more = True                # async generator around them, a frame more per chunk
-    while more:
-        message = await receive()
-        if message["type"] != "http.request":  # http.disconnect
-            raise RequestError("body: the client went away before sending all of it")
-        chunk = message.get("body", b"")
-        more = message.get("more_body", False)
-        if chunk:
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLargeError(f"body: more than the {limit} {what} allowed "
-                                           f"({name}); {advice}")
-            chunks.append(chunk)
-    # one chunk is the body as it came (no copy); several are joined, the one copy a body gets
-    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-    request._body = body  # noqa: SLF001 - Starlette's cache: request.form() reads it from here
+            raise over(int(declared))
+    if settings.fast_path:
+        body = await receive_body(request, limit, over)
+    else:
+        body = await request.body()  # Starlette's own: whole, then measured
+        if len(body) > limit:
+            raise over()
     request.state.vbs_receive_s = time.perf_counter() - started
     return body
 
@@ -204,9 +188,9 @@ async def inference_call(request: Request, query: type[Q],
 
 def body_kind(request: Request) -> str:
     """binary, json or image: how much a body of its type holds once decoded."""
-    if is_json(request):
+    if is_json_body(request.headers):
         return "json"
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    kind = media_type(request.headers)
     return "image" if kind.startswith("image/") or kind == "multipart/form-data" else "binary"
 
 
@@ -243,30 +227,3 @@ def lean_openapi(query: type[BaseModel], extra: dict[str, Any]) -> dict[str, Any
                    "schema": {k: v for k, v in prop.items() if k != "description"}}
                   for name, prop in schema.get("properties", {}).items()]
     return {**extra, "parameters": parameters, "security": [{_bearer.scheme_name: []}]}
-
-
-class LeanRoute(APIRoute):
-    """A route whose endpoint takes the request and its path parameters (strings) and nothing
-    else: FastAPI documents it from its signature and ``openapi_extra`` as any route, and each
-    request calls it directly (FastAPI's customisation point ``get_route_handler``), without
-    solving dependencies or reading the body for it. A route given dependencies or other
-    parameters is refused when it is built: they would silently not run."""
-
-    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
-        super().__init__(path, endpoint, **kwargs)
-        d = self.dependant
-        other = [f.name for f in (*d.query_params, *d.header_params, *d.cookie_params,
-                                  *d.body_params)]
-        other += [f.name for f in d.path_params if f.field_info.annotation is not str]
-        if d.dependencies or other or d.request_param_name is None:
-            raise TypeError(f"LeanRoute {path}: the endpoint {endpoint.__name__} may take only "
-                            "the request and str path parameters, and no dependencies "
-                            f"(found {other or 'dependencies'}); use a plain APIRoute")
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        endpoint = self.endpoint
-
-        async def handle(request: Request) -> Response:
-            return await endpoint(request, **request.path_params)
-
-        return handle

@@ -18,13 +18,11 @@ from core.table import PlanTable
 from planner.view.data import plan_description
 from service.registry import ModelEntry
 
-PLANS_CACHED = 4096  # plan descriptions kept per model (a few KB each)
 
 
 def _described(entry: ModelEntry, table: PlanTable, index: int, r: int) -> dict[str, Any]:
     """The budget-free part of plan ``index`` of ``table`` (cached per table and plan)."""
-    return entry.cached(("plan", id(table), index), lambda: plan_description(table, index, r),
-                        size=PLANS_CACHED)
+    return entry.cached(("plan", id(table), index), lambda: plan_description(table, index, r))
 
 
 def _answer(entry: ModelEntry, table: PlanTable, r: int, budget: int, program: bool

@@ -1,8 +1,8 @@
 """The service's app: ``create_app(settings)`` assembles routers, errors, metrics, the gRPC
 server and the lifespan.
 
-Nothing else happens here. The app is a ``FastPathApp``: FastAPI, with the inference routes
-called without its layers (``service.fastpath``). The lifespan starts the registry (models load in the background;
+Nothing else happens here. The app is a ``FastPathApp`` (``service.fast``: FastAPI, with the
+inference routes called without its layers), or plain FastAPI with ``fast_path`` off. The lifespan starts the registry (models load in the background;
 ``/v2/health/ready`` says when they are ready) and the gRPC server beside HTTP
 (``service.grpc_server``) and, on shutdown, stops gRPC taking calls, drains every batcher so each
 accepted request is answered, and lets gRPC send its last answers.
@@ -17,7 +17,8 @@ from fastapi import FastAPI
 
 from service.settings import Settings
 from service import errors
-from service.fastpath import FastPathApp
+from service.fast.app import FastPathApp
+from service.fast.route import plain
 from service.grpc_server import GrpcServer
 from service.metrics import Metrics, RequestMetricsMiddleware
 from service.registry import Registry
@@ -45,8 +46,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await registry.close()
             await grpc.stopped()
 
-    app = FastPathApp(title="vbs-serve", description=DESCRIPTION, version="0.1.0",
-                      lifespan=lifespan)
+    app_class = FastPathApp if settings.fast_path else FastAPI
+    app = app_class(title="vbs-serve", description=DESCRIPTION, version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
     app.state.metrics = registry_metrics
     app.state.registry = registry
@@ -55,5 +56,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequestMetricsMiddleware, metrics=registry_metrics)
     for router in (inference.router, v2.router, plans.router, models.router, health.router,
                    metrics.router, charts.router, stats.router, ui.router):
-        app.include_router(router)
+        app.include_router(router if settings.fast_path else plain(router))
     return app

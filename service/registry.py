@@ -23,7 +23,6 @@ logged, counted and not read again, and the model keeps its table.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import random
 import threading
@@ -34,6 +33,7 @@ from typing import Any
 
 from core.errors import StoreError, TableFormatError, UsageError, VbsError
 from core.loaded import ModelSpec
+from core.lru import LRU
 from service.settings import Settings
 from core.table import PlanTable
 from planner.store import Backoff, PlanStore, open_async_store, open_store, printable_location
@@ -48,6 +48,8 @@ from workers.arbiter import Arbiter
 from workers.memory import MemoryProbe
 
 log = logging.getLogger("vbs.service")
+# answers kept per model for /plan and the page: plan descriptions (a few KB each), curves, tree
+CACHED_ANSWERS = 4096
 
 LOADING, READY, FAILED = "loading", "ready", "failed"
 HEARTBEAT_S = 15.0
@@ -71,9 +73,7 @@ class ModelEntry:
     preprocess: Preprocess | None = None
     image_mode: str | None = None
     load_s: float | None = None
-    cache: collections.OrderedDict[Any, Any] = field(default_factory=collections.OrderedDict,
-                                                     repr=False)
-    cache_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    cache: LRU[Any] = field(default_factory=lambda: LRU(CACHED_ANSWERS), repr=False)
 
     @property
     def ready(self) -> bool:
@@ -101,18 +101,9 @@ class ModelEntry:
     def table(self) -> PlanTable:
         return self.worker.table
 
-    def cached(self, key: Any, compute: Any, size: int = 256) -> Any:
-        """A small LRU of answers that depend only on this model's table (for /plan)."""
-        with self.cache_lock:
-            if key in self.cache:
-                self.cache.move_to_end(key)
-                return self.cache[key]
-        value = compute()
-        with self.cache_lock:
-            self.cache[key] = value
-            while len(self.cache) > size:
-                self.cache.popitem(last=False)
-        return value
+    def cached(self, key: Any, compute: Any) -> Any:
+        """An answer that depends only on this model's table (for /plan), kept in a small LRU."""
+        return self.cache.get_or_make(key, compute)
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "model": self.spec.name, "state": self.state,
@@ -541,8 +532,7 @@ class Registry:
         old = entry.table_version
         entry.table_version = stored.version
         entry.table_meta = dict(stored.meta)
-        with entry.cache_lock:
-            entry.cache.clear()
+        entry.cache.clear()
         self.metrics.table_reloads.labels(entry.name).inc()
         self.metrics.table_version.labels(entry.name).set(stored.version)
         log.info("%s: table v%s -> v%d swapped in (%s, %d plans)", entry.name, old,

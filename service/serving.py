@@ -14,7 +14,7 @@ compute input, compute infer, compute output, as Triton's perf_analyzer reports 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -32,13 +32,9 @@ from service import codecs
 from service.batcher import Outcome
 from service.deps import InferQuery
 from service.errors import PayloadTooLargeError, UnsupportedMediaError, field_error
+from service.media import IMAGE_TYPES, MULTIPART, NPY_TYPES, RAW_TYPES, is_json_type, media_type
 from service.registry import ModelEntry, Registry
 
-JSON_TYPES = ("application/json", "text/json")
-NPY_TYPES = ("application/x-npy", "application/npy", "application/x-numpy")
-RAW_TYPES = ("application/octet-stream",)
-IMAGE_TYPES = ("image/jpeg", "image/jpg", "image/png")
-MULTIPART = "multipart/form-data"
 SUPPORTED = "application/json, application/x-npy, application/octet-stream, " \
             "multipart/form-data (JPEG/PNG files), image/jpeg or image/png"
 INLINE_DECODE_BYTES = 2 * 2**20  # binary bodies up to this are decoded on the event loop
@@ -94,10 +90,6 @@ async def _binary(body: bytes, decode: Callable[..., np.ndarray], *args: Any, **
     return await _in_thread(_timed, decode, body, *args, **kwargs)
 
 
-def media_type(headers: Mapping[str, str]) -> str:
-    return headers.get("content-type", "").split(";")[0].strip().lower()
-
-
 def _pick_model(query: str | None, body: str | None) -> str | None:
     if query is not None and body is not None and query != body:
         raise field_error("model", f"the query names {query!r} but the body names {body!r}")
@@ -123,7 +115,7 @@ async def decode_infer(request: Request, body: bytes, query: InferQuery) -> Deco
     settings: Settings = request.app.state.settings
     headers, state = request.headers, request.state
     model, shape, dtype = query.model, query.shape, query.dtype
-    kind = media_type(headers) or "application/json"
+    kind = media_type(headers)
     limit = settings.max_samples_per_request
     top_k = codecs.parse_top_k(query.top_k)
 
@@ -132,7 +124,7 @@ async def decode_infer(request: Request, body: bytes, query: InferQuery) -> Deco
         state.vbs_model = entry.name
         return entry
 
-    if kind in JSON_TYPES or kind.endswith("+json"):
+    if is_json_type(kind):
         return await _in_thread(_decode_json, body, named, model, top_k, limit)
     if kind in NPY_TYPES or kind in RAW_TYPES:
         entry = named(model)

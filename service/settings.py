@@ -48,6 +48,11 @@ class Settings(PlannerSettings):
                            description="TCP port of the Open Inference Protocol v2 over gRPC "
                                        "(KServe's GRPCInferenceService, beside HTTP on the same "
                                        "host; 8001 as Triton's); 0 turns gRPC off")
+    fast_path: bool = Field(
+        default=True,
+        description="serve the inference routes on the fast path (service.fast: fewer framework "
+                    "layers, one write per response); false: through plain FastAPI routes and "
+                    "stock uvicorn, with the same answers")
     access_log: bool = Field(
         default=False, description="uvicorn's access log, a line per request at --log-level info "
                                    "(vbs_requests counts them; each line is written on the "

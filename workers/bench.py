@@ -35,13 +35,12 @@ import torch
 from core.errors import InfeasibleError
 from core.units import Capture
 from core.runtimes import ONNXRUNTIME, TORCH
-from planner.solver.compare import BASELINE, STRATEGIES, budget_range
+from planner.solver.compare import BASELINE, STRATEGIES
 from core.walk import executor_peak
-from core.sizes import format_bytes, parse_budgets
+from core.sizes import format_bytes
 from core.program import Plan
 from core.runs import plan_shape
 from core.table import PlanTable
-from planner.solver.tables import build_tables
 from core.tree import Profile, iter_layers
 from workers.executor import execute
 

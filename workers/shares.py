@@ -30,13 +30,12 @@ budget changes, never per request.
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from core.lru import LRU
 from core.table import PlanTable
 
 LEVELS = 256          # the budget is divided into this many equal levels
@@ -61,8 +60,7 @@ def demand_level(samples: int) -> int:
     return 0 if samples <= 0 else 1 << (int(samples) - 1).bit_length()
 
 
-_lock = threading.Lock()
-_times: OrderedDict[tuple[int, int, int, int], tuple[PlanTable, np.ndarray]] = OrderedDict()
+_times: LRU[tuple[PlanTable, np.ndarray]] = LRU(_CACHED)
 
 
 def time_per_sample(table: PlanTable, r: int, budgets: np.ndarray) -> np.ndarray:
@@ -71,11 +69,9 @@ def time_per_sample(table: PlanTable, r: int, budgets: np.ndarray) -> np.ndarray
     fit. Lookups only."""
     r = max(1, min(int(r), table.batch_max))
     key = (id(table), r, len(budgets), int(budgets[-1]) if len(budgets) else 0)
-    with _lock:
-        found = _times.get(key)
-        if found is not None and found[0] is table:  # the table is kept: its id is not reused
-            _times.move_to_end(key)
-            return found[1]
+    found = _times.get(key)
+    if found is not None and found[0] is table:  # the table is kept: its id is not reused
+        return found[1]
     times = np.array([p.time_total for p in table.plans], dtype=np.float64)
     mins = table.min_peaks[:r]
     fits = mins[None, :] <= budgets[:, None]                 # (levels, r)
@@ -87,11 +83,7 @@ def time_per_sample(table: PlanTable, r: int, budgets: np.ndarray) -> np.ndarray
         row = table.row(int(c))
         k = np.searchsorted(row.peaks, budgets[at], side="right") - 1
         out[at] = times[row.plans[k]] / c
-    with _lock:
-        _times[key] = (table, out)
-        while len(_times) > _CACHED:
-            _times.popitem(last=False)
-    return out
+    return _times.put(key, (table, out))[1]
 
 
 def divide(budget: int, wants: Sequence[Want], levels: int = LEVELS) -> dict[str, int]:

@@ -32,7 +32,8 @@ import torch
 from core.errors import ExecutionError
 from core.units import Capture
 from core.runtimes.onnx_graphs import CannotCompose, UnitGraphs, export_units
-from core.tree import Node, Parallel, Series
+from core.runs import TreeIndex
+from core.tree import Node, Parallel
 
 NAME = "onnxruntime"
 VERSION = ort.__version__
@@ -121,7 +122,7 @@ class OrtUnits:
         self._lock = threading.Lock()
         self._clock = itertools.count(1)  # next() is atomic under the GIL: no lock on a hit
         self.max_sessions = max(1, max_sessions)
-        self._index = _siblings(capture.tree)
+        self._index = TreeIndex.of(capture.tree)
         self._dtype = _NUMPY[capture.model.torch_dtype]
         self._arena = arena
 
@@ -131,11 +132,10 @@ class OrtUnits:
 
     def nodes(self, first: str, last: str) -> tuple[Node, ...]:
         """The children of one series from ``first`` to ``last``."""
-        series, start = self._index[first]
-        stop = self._index[last][1]
-        if self._index[last][0] is not series or stop < start:
+        nodes = self._index.span(first, last)
+        if nodes is None:
             raise ExecutionError(f"{first!r}..{last!r} is not a run of one series")
-        return series.children[start:stop + 1]
+        return nodes
 
     def prepare(self, first: str, last: str) -> None:
         """Build the session of a run now, not when it first runs."""
@@ -186,21 +186,3 @@ class OrtUnits:
         shape = (self.capture.joins[last.name].out_shape if isinstance(last, Parallel)
                  else self.capture.units[last.name].out_shape)
         return torch.empty((samples, *shape), dtype=like.dtype, device=like.device)
-
-
-def _siblings(root: Series) -> dict[str, tuple[Series, int]]:
-    """Every node's series and position in it."""
-    where: dict[str, tuple[Series, int]] = {}
-
-    def add(series: Series) -> None:
-        for i, child in enumerate(series.children):
-            where[child.name] = (series, i)
-            if isinstance(child, Parallel):
-                for branch in child.branches:
-                    add(branch)
-            elif isinstance(child, Series):
-                add(child)
-
-    add(root)
-    return where
-

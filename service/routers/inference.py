@@ -11,7 +11,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from service import serving
-from service.deps import InferQuery, LeanRoute, inference_call, lean_openapi, release_ticket
+from service.fast.route import LeanRoute
+from service.deps import InferQuery, inference_call, lean_openapi, release_ticket
 from service.errors import error_responses
 
 router = APIRouter(tags=["inference"], route_class=LeanRoute)

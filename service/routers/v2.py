@@ -11,7 +11,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from service import codecs, serving
-from service.deps import (LeanRoute, NoQuery, RegistryDep, inference_call, lean_openapi,
+from service.fast.route import LeanRoute
+from service.deps import (NoQuery, RegistryDep, inference_call, lean_openapi,
                           release_ticket)
 from service.errors import BAD_REQUEST, NO_MODEL, NOT_READY, error_responses
 from service.registry import ModelEntry

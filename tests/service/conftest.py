@@ -28,7 +28,7 @@ from fastapi import FastAPI
 
 from service.settings import Settings
 from service.grpc_server import UvicornServer
-from service.protocol import HttpProtocol
+from service.fast.protocol import http_protocol
 from service.registry import ModelEntry
 
 TINY = "tiny=tests.planner.factories:two_layer@3x8x8"
@@ -86,7 +86,8 @@ class ServerThread:
         self.app = app
         self.server = UvicornServer(uvicorn.Config(app, host="127.0.0.1", port=0,
                                                    log_level="warning", lifespan="on",
-                                                   http=HttpProtocol))  # as `vbs serve`
+                                                   http=http_protocol(  # as `vbs serve`
+                                                       app.state.settings.fast_path)))
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
         self.url = ""
 

@@ -26,13 +26,15 @@ from service.settings import Settings
 from planner.solver.tables import build_table
 from core.tree import Layer, Profile
 from service import codecs, errors, serving
-from service.deps import InferQuery, LeanRoute, inference_call
+from service.deps import InferQuery, inference_call
 from service.errors import UnavailableError, field_error
-from service.fastpath import FastPathApp
+from service.fast.app import FastPathApp
+from service.fast.route import LeanRoute
 from service.main import create_app
 from service.metrics import Metrics, RequestMetricsMiddleware
 from workers.worker import Worker
-from tests.service.conftest import (TINY_SHAPE, Gate, assert_close, reference, run, running,
+from tests.service.conftest import (TINY_SHAPE, Gate, ServerThread, assert_close, reference, run,
+                                    running,
                                     wait_until)
 
 
@@ -488,3 +490,38 @@ def test_a_client_that_goes_away_mid_body_is_answered_400() -> None:
     run(app(scope, receive, send))
     assert sent[0]["status"] == 400
     assert b"went away" in sent[1]["body"] and not messages
+
+
+@pytest.mark.parametrize("body_format", ["json", "npy", "v2"])
+def test_infer_answers_the_same_with_the_fast_path_off(make_settings: Callable[..., Settings],
+                                                       body_format: str) -> None:
+    """``VBS_FAST_PATH=false`` serves /infer and the OIP v2 route through FastAPI's own routes
+    and stock uvicorn: the same status, media type and outputs as the fast path, over HTTP."""
+    x = x_(2, 21)
+    npy = io.BytesIO()
+    np.save(npy, x)
+    requests = {
+        "json": ("/infer", {"json": {"inputs": x.tolist()}}),
+        "npy": ("/infer", {"content": npy.getvalue(),
+                           "headers": {"content-type": "application/x-npy"}}),
+        "v2": ("/v2/models/tiny/infer", {"json": {"inputs": [{
+            "name": "input", "shape": list(x.shape), "datatype": "FP32",
+            "data": x.ravel().tolist()}]}}),
+    }
+    path, kwargs = requests[body_format]
+    answers = []
+    for fast in (True, False):  # each app loads the model anew (random weights): its own reference
+        app = create_app(make_settings(fast_path=fast))
+        assert isinstance(app, FastPathApp) is fast
+        with ServerThread(app) as server, server.client() as client:
+            answer = client.post(path, **kwargs)
+            too_big = client.post("/infer", content=b"\0" * (65 * 2**20),
+                                  headers={"content-type": "application/octet-stream"})
+            want = reference(app.state.registry.entries["tiny"], x)
+        doc = answer.json()
+        outputs = doc["outputs"][0]["data"] if body_format == "v2" else doc["outputs"]
+        assert_close(np.asarray(outputs).reshape(want.shape), want)
+        answers.append((answer.status_code, answer.headers["content-type"], sorted(doc),
+                        too_big.status_code, too_big.json()))
+    assert answers[0][0] == 200 and answers[0][3] == 413
+    assert answers[0] == answers[1]

@@ -1,4 +1,4 @@
-"""``service.protocol.HttpProtocol``: a response's head goes out with its body in one write, and
+"""``service.fast.protocol.HttpProtocol``: a response's head goes out with its body in one write, and
 every kind of response still arrives whole and in order (real uvicorn, real sockets)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from service.protocol import HttpProtocol
+from service.fast.protocol import HttpProtocol
 
 writes: list[list[bytes]] = []  # what each connection handed its socket, call by call
 

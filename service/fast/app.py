@@ -35,7 +35,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import compile_path
 
-from service.deps import LeanRoute
+from service.fast.route import LeanRoute
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -76,4 +76,7 @@ class HttpProtocol(HttpToolsProtocol):
         super().connection_made(_HeadHeld(transport, self.loop))  # type: ignore[arg-type]
 
 
-__all__ = ["HttpProtocol"]
+
+def http_protocol(fast_path: bool) -> Any:
+    """uvicorn's ``http`` option: ``HttpProtocol`` on the fast path, else uvicorn's own."""
+    return HttpProtocol if fast_path else "auto"
