@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+from pydantic import BaseModel, ConfigDict, Field
 
 from core.errors import UsageError
 from core.shapes import parse_shape
@@ -210,6 +211,27 @@ def parse_top_k(value: Any, where: str = "top_k") -> int | None:
 # -- /infer JSON -----------------------------------------------------------------------------
 
 
+# Declared once: the fields, which are required and their documentation (OpenAPI, from the
+# docstring and descriptions) come from here; ``infer_json_from`` refuses any other field and a
+# missing required one by these fields, then checks each value, naming the field in its error.
+class InferBody(BaseModel):
+    """A JSON body of samples (or of OIP v2 tensors)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    inputs: list[Any] = Field(description="samples, nested lists [N, *input_shape] (or flat "
+                                          "with 'shape'); or OIP v2 tensor objects")
+    shape: list[int] | None = Field(None, description="the shape of a flat 'inputs': "
+                                                      "[N, *input_shape] or one sample's")
+    dtype: str = Field("float32", description="the values' dtype (float32, float16, ...)")
+    model: str | None = Field(None, description="served model name; default: the only one")
+    top_k: int | None = Field(None, ge=1, description="return the k best labels")
+
+
+_INFER_FIELDS = tuple(InferBody.model_fields)
+_INFER_REQUIRED = tuple(k for k, f in InferBody.model_fields.items() if f.is_required())
+
+
 @dataclass(frozen=True)
 class InferJson:
     """A parsed ``/infer`` JSON body, before it is checked against a model."""
@@ -232,7 +254,7 @@ def parse_infer_json(body: bytes) -> InferJson:
 
 
 def infer_json_from(doc: Any) -> InferJson:
-    doc = _object(doc, "body", ("inputs", "shape", "dtype", "model", "top_k"), ("inputs",))
+    doc = _object(doc, "body", _INFER_FIELDS, _INFER_REQUIRED)
     inputs = doc["inputs"]
     if not isinstance(inputs, list):
         raise field_error("inputs", f"must be a list of samples (nested lists of numbers), not "

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from service import serving
+from service.codecs import InferBody
 from service.fast.route import LeanRoute
 from service.deps import InferQuery, inference_call, lean_openapi, release_ticket
 from service.errors import error_responses
@@ -23,14 +24,7 @@ _BODY = {
         "description": "samples of the model's planned input shape, as JSON, .npy, raw bytes "
                        "or images",
         "content": {
-            "application/json": {"schema": {
-                "type": "object", "required": ["inputs"],
-                "properties": {
-                    "inputs": {"type": "array", "description": "samples, nested lists "
-                               "[N, *input_shape] (or flat with 'shape')", "items": {}},
-                    "shape": {"type": "array", "items": {"type": "integer"}},
-                    "dtype": {"type": "string", "default": "float32"},
-                    "model": {"type": "string"}, "top_k": {"type": "integer", "minimum": 1}}}},
+            "application/json": {"schema": InferBody.model_json_schema()},
             "application/x-npy": {"schema": {"type": "string", "format": "binary"}},
             "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
             "multipart/form-data": {"schema": {
