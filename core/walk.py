@@ -193,128 +193,170 @@ def walk(backend: Backend[H], root: Series, steps: Iterable[Step], x: H, samples
     the first step of every run to its last (``core.runs``): those steps run as one
     call of their runtime (the plan says which: the DP chose where to cut).
     """
-    splits = splits or {}
-    runs = runs or {}
-    steps = list(steps)
-    index = TreeIndex.of(root)
-    top = _new_chain(root)
-    top.boundaries[0].append(_Chunk(x, samples, owned=False))  # the request belongs to its caller
-    phases: list[_Phase[H]] = []
+    return _Walk(backend, root, list(steps), splits or {}, seen, runs or {}).run(x, samples,
+                                                                                  after_step)
 
-    def current() -> _Chain:
-        return phases[-1].chain if phases else top  # type: ignore[return-value]
 
-    def deliver(chain: _Chain, position: int, out: H, n: int, node: Node, key: int) -> None:
-        """Put a step's output where it goes: the next boundary, or the open join."""
-        if position + 1 < len(chain.series.children) or not phases or chain is top:
-            queue = chain.boundaries[position + 1]
-            sizes = splits.get(key)
-            if sizes:
-                for piece, size in zip(backend.split(node, out, sizes), sizes):
-                    queue.append(_Chunk(piece, size))
-                backend.free(out)
-            else:
-                queue.append(_Chunk(out, n, key=key))
-            return
-        phase = phases[-1]
-        phase.join = backend.fold(phase.block, phase.join, phase.folded, phase.fork.tensor, out,
-                                  phase.branch, n, phase.pos == 0)
-        phase.folded += n
-        backend.free(out)
+class _Walk(Generic[H]):
+    """One walk of a program: the chains and the open blocks (``_Phase``) as it goes.
 
-    def advance() -> None:
-        """Move on to the next branch when this one is done; close finished phases."""
-        while phases:
-            phase = phases[-1]
-            if phase.pos >= 0 and phase.folded < phase.samples:
-                return
-            phase.pos += 1
-            phase.folded = 0
-            if phase.pos < len(phase.order):
-                branch = phase.block.branches[phase.branch]
-                if branch.children:
-                    phase.chain = _new_chain(branch)
-                    phase.chain.boundaries[0].append(
-                        _Chunk(backend.borrow(phase.fork.tensor), phase.samples, owned=False))
-                    return
-                phase.join = backend.fold(phase.block, phase.join, 0, phase.fork.tensor, None,
-                                          phase.branch, phase.samples, phase.pos == 0)
-                phase.folded = phase.samples
-                continue
-            phases.pop()
-            _finish(backend, phase.fork)
-            assert phase.parent is not None
-            deliver(phase.parent, phase.position, phase.join, phase.samples, phase.block, phase.key)
+    Each step is done by one method call, so that the tensors it handled are unreferenced when
+    it returns: a buffer the walk frees must not be kept alive by a local variable."""
 
-    def do_run(k: int, end: int, chain: _Chain, position: int) -> None:
-        step = steps[k]
-        nodes = index.run_nodes(steps, k, end)
-        last = position + len(nodes) - 1
-        if any(chain.boundaries[position + 1:last + 1]):  # it would overtake them
-            raise InvalidProgramError(f"step {k}: its run ({k}, {end}) starts while samples wait "
-                                      "between its units")
-        take = _take(backend, chain, position, step.samples, seen)
-        out = backend.run_many(nodes, take.tensor, step.samples, run_runtime(nodes[0], step))
-        _finish(backend, take)
-        deliver(chain, last, out, step.samples, nodes[-1], end)
+    def __init__(self, backend: Backend[H], root: Series, steps: list[Step],
+                 splits: dict[int, list[int]], seen: dict[int, list[int | None]] | None,
+                 runs: dict[int, int]) -> None:
+        self.backend = backend
+        self.steps = steps
+        self.splits = splits
+        self.seen = seen
+        self.runs = runs
+        self.index = TreeIndex.of(root)
+        self.top = _new_chain(root)
+        self.phases: list[_Phase[H]] = []
 
-    def do_step(k: int, step: Step) -> int:
-        """Run step k (and the run it starts); returns the index of the last step done."""
-        # One function per step, so that its tensors are unreferenced when it returns: a
-        # buffer the walk frees must not be kept alive by a local variable.
-        node = index.nodes.get(step.unit)
+    def run(self, x: H, samples: int, after_step: Callable[[int], None] | None) -> H:
+        """Every step in order, then the output gathered; ``after_step`` as ``walk`` says."""
+        self.top.boundaries[0].append(_Chunk(x, samples, owned=False))  # the caller's request
+        k, done = 0, 0
+        while k < len(self.steps):
+            if k and after_step is not None:
+                after_step(done)
+            last = self.step(k)
+            done = last - k + 1
+            k = last + 1
+            self.next_branch()  # after step() returned: its locals no longer pin what it freed
+        out = self.output(samples)
+        if after_step is not None and self.steps:  # the last step's need includes the gather
+            after_step(done)
+        return out
+
+    def chain(self) -> _Chain:
+        """The series running now: the innermost open branch's, else the top one."""
+        return self.phases[-1].chain if self.phases else self.top  # type: ignore[return-value]
+
+    def step(self, k: int) -> int:
+        """Do step k (and the run it starts); returns the index of the last step done."""
+        step = self.steps[k]
+        node, chain, position = self.locate(k, step)
+        end = self.runs.get(k, -1)
+        if end >= 0:
+            if end < k or end >= len(self.steps):
+                raise InvalidProgramError(f"step {k}: its run ends at step {end}, outside "
+                                          f"{k}..{len(self.steps) - 1}")
+            self.call(k, end, chain, position)
+            return end
+        take = _take(self.backend, chain, position, step.samples, self.seen)
+        if isinstance(node, Layer):
+            self.run_unit(k, node, take, chain, position)
+        else:
+            assert isinstance(node, Parallel)
+            join = self.backend.open_join(node, take.tensor, step.samples)
+            self.phases.append(_Phase(node, step.samples, take, join, fold_order(node),
+                                      parent=chain, position=position, key=k))
+        return k
+
+    def locate(self, k: int, step: Step) -> tuple[Node, _Chain, int]:
+        """Step k's node, and its series and position there, checked against the walk."""
+        node = self.index.nodes.get(step.unit)
         if node is None:
             raise InvalidProgramError(f"step {k}: unknown unit {step.unit!r}")
-        chain = current()
-        series, position = index.where[step.unit]
+        chain = self.chain()
+        series, position = self.index.where[step.unit]
         if series is not chain.series:
             raise InvalidProgramError(f"step {k}: {step.unit!r} is not in {chain.series.name!r}, "
                                       "the series running now")
         if step.samples < 1:
             raise InvalidProgramError(f"step {k}: {step.unit!r} on {step.samples} samples")
-        end = runs.get(k, -1)
-        if end >= 0:
-            if end < k or end >= len(steps):
-                raise InvalidProgramError(f"step {k}: its run ends at step {end}, outside "
-                                          f"{k}..{len(steps) - 1}")
-            do_run(k, end, chain, position)
-            return end
-        take = _take(backend, chain, position, step.samples, seen)
-        if isinstance(node, Layer):
-            runtime = step_runtime(node, step)
-            if node.inplace and take.whole is not None and runtime == TORCH:
-                out = backend.run_in_place(node, take.whole, step.samples)  # the chunk is the output
-                take.release.clear()
-            else:
-                out = backend.run(node, take.tensor, step.samples, runtime)
-            _finish(backend, take)
-            deliver(chain, position, out, step.samples, node, k)
-        else:
-            assert isinstance(node, Parallel)
-            join = backend.open_join(node, take.tensor, step.samples)
-            phases.append(_Phase(node, step.samples, take, join, fold_order(node), parent=chain,
-                                 position=position, key=k))
-        return k
+        return node, chain, position
 
-    k, done = 0, 0
-    while k < len(steps):
-        if k and after_step is not None:
-            after_step(done)
-        last = do_step(k, steps[k])
-        done = last - k + 1
-        k = last + 1
-        advance()  # after do_step returned: its locals no longer pin what it freed
-    if phases:
-        raise InvalidProgramError(f"the program ends inside block {phases[-1].block.name!r}")
-    final = top.boundaries[-1]
-    waiting = [c for queue in top.boundaries[:-1] for c in queue if c.samples > c.taken]
-    if waiting or sum(c.samples for c in final) != samples:
-        raise InvalidProgramError("the program does not bring every sample to the output")
-    out = (final.popleft().buffer if len(final) == 1
-           else _take(backend, top, len(top.boundaries) - 1, samples).tensor)
-    if after_step is not None and steps:  # the last step's need includes gathering the output
-        after_step(done)
-    return out
+    def run_unit(self, k: int, unit: Layer, take: _Take[H], chain: _Chain, position: int) -> None:
+        """Step k: one unit on the samples taken, in place when it may keep their chunk."""
+        samples = self.steps[k].samples
+        runtime = step_runtime(unit, self.steps[k])
+        if unit.inplace and take.whole is not None and runtime == TORCH:
+            out = self.backend.run_in_place(unit, take.whole, samples)  # the chunk is the output
+            take.release.clear()
+        else:
+            out = self.backend.run(unit, take.tensor, samples, runtime)
+        _finish(self.backend, take)
+        self.deliver(chain, position, out, samples, unit, k)
+
+    def call(self, k: int, end: int, chain: _Chain, position: int) -> None:
+        """Steps k..end as one runtime call (a run)."""
+        step = self.steps[k]
+        nodes = self.index.run_nodes(self.steps, k, end)
+        last = position + len(nodes) - 1
+        if any(chain.boundaries[position + 1:last + 1]):  # it would overtake them
+            raise InvalidProgramError(f"step {k}: its run ({k}, {end}) starts while samples wait "
+                                      "between its units")
+        take = _take(self.backend, chain, position, step.samples, self.seen)
+        out = self.backend.run_many(nodes, take.tensor, step.samples, run_runtime(nodes[0], step))
+        _finish(self.backend, take)
+        self.deliver(chain, last, out, step.samples, nodes[-1], end)
+
+    def deliver(self, chain: _Chain, position: int, out: H, n: int, node: Node, key: int) -> None:
+        """Put a step's output where it goes: the next boundary (split into pieces when the
+        plan says so), or the open block's join buffer."""
+        if position + 1 < len(chain.series.children) or not self.phases or chain is self.top:
+            queue = chain.boundaries[position + 1]
+            sizes = self.splits.get(key)
+            if sizes:
+                for piece, size in zip(self.backend.split(node, out, sizes), sizes):
+                    queue.append(_Chunk(piece, size))
+                self.backend.free(out)
+            else:
+                queue.append(_Chunk(out, n, key=key))
+            return
+        phase = self.phases[-1]
+        phase.join = self.backend.fold(phase.block, phase.join, phase.folded, phase.fork.tensor,
+                                       out, phase.branch, n, phase.pos == 0)
+        phase.folded += n
+        self.backend.free(out)
+
+    def next_branch(self) -> None:
+        """Move on to the next branch when this one is done; close finished blocks."""
+        while self.phases:
+            phase = self.phases[-1]
+            if phase.pos >= 0 and phase.folded < phase.samples:
+                return
+            phase.pos += 1
+            phase.folded = 0
+            if phase.pos < len(phase.order):
+                if self.open_branch(phase):
+                    return
+                continue
+            self.phases.pop()
+            _finish(self.backend, phase.fork)
+            assert phase.parent is not None
+            self.deliver(phase.parent, phase.position, phase.join, phase.samples, phase.block,
+                         phase.key)
+
+    def open_branch(self, phase: _Phase[H]) -> bool:
+        """Start the branch ``phase`` is at; an empty one (the identity) folds its fork at
+        once. Whether the branch has steps to run."""
+        branch = phase.block.branches[phase.branch]
+        if branch.children:
+            phase.chain = _new_chain(branch)
+            phase.chain.boundaries[0].append(
+                _Chunk(self.backend.borrow(phase.fork.tensor), phase.samples, owned=False))
+            return True
+        phase.join = self.backend.fold(phase.block, phase.join, 0, phase.fork.tensor, None,
+                                       phase.branch, phase.samples, phase.pos == 0)
+        phase.folded = phase.samples
+        return False
+
+    def output(self, samples: int) -> H:
+        """The output boundary's samples as one buffer, once every sample has reached it."""
+        if self.phases:
+            raise InvalidProgramError(f"the program ends inside block {self.phases[-1].block.name!r}")
+        top = self.top
+        final = top.boundaries[-1]
+        waiting = [c for queue in top.boundaries[:-1] for c in queue if c.samples > c.taken]
+        if waiting or sum(c.samples for c in final) != samples:
+            raise InvalidProgramError("the program does not bring every sample to the output")
+        return (final.popleft().buffer if len(final) == 1
+                else _take(self.backend, top, len(top.boundaries) - 1, samples).tensor)
 
 
 @dataclass

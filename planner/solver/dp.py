@@ -61,50 +61,71 @@ class ChainTables:
         self.slot_bytes = slot_bytes
         self.M = slots
         self.B = inst.batch_max if batch is None else batch  # plan only up to this many samples
-        B1, M1 = self.B + 1, self.M + 1
-        chains = inst.chains
-        order = _post_order(inst)
+        self._number_units(inst)
+        self._allocate(inst)
+        self._fill_units(inst)
+        self._fill_runs(inst)
+        for ch in _post_order(inst):
+            self._solve_chain(ch)
 
-        # global unit numbering (Instance.global_units): chains in id order, units by position
-        self.chain_uoff = np.zeros(len(chains), np.int64)
+    # ------------------------------------------------------------------ layout of the arrays
+
+    def _number_units(self, inst: Instance) -> None:
+        """Global unit numbering (``Instance.global_units``): chains in id order, units by
+        position."""
+        self.chain_first_unit = np.zeros(len(inst.chains), np.int64)
         offset = 0
-        for ch in chains:
-            self.chain_uoff[ch.cid] = offset
+        for ch in inst.chains:
+            self.chain_first_unit[ch.cid] = offset
             offset += ch.n
         self.units = inst.global_units
-        U = len(self.units)
-        self.chain_n = np.array([ch.n for ch in chains], np.int64)
-        ntri = [ch.n * (ch.n + 1) // 2 for ch in chains]
-        self.chain_toff = np.zeros(len(chains), np.int64)
-        self.chain_eoff = np.zeros(len(chains), np.int64)
-        self.chain_boff = np.zeros(len(chains), np.int64)
-        self.chain_soff = np.zeros(len(chains), np.int64)
-        tsz = esz = bsz = ssz = 0
+        self.chain_n = np.array([ch.n for ch in inst.chains], np.int64)
+
+    def _allocate(self, inst: Instance) -> None:
+        """Every chain's slice of the flat tables: T per (interval, b, m), E and EX per (unit,
+        b, m), boundary slots per (boundary, b), sizes per boundary, runs per (interval, b)."""
+        B1, M1 = self.B + 1, self.M + 1
+        chains = inst.chains
+        starts = {name: np.zeros(len(chains), np.int64)
+                  for name in ("T", "E", "bslots", "sizes", "runs")}
+        total = dict.fromkeys(starts, 0)
         for ch in chains:
-            self.chain_toff[ch.cid], self.chain_eoff[ch.cid] = tsz, esz
-            self.chain_boff[ch.cid], self.chain_soff[ch.cid] = bsz, ssz
-            tsz += ntri[ch.cid] * B1 * M1
-            esz += ch.n * B1 * M1
-            bsz += (ch.n + 1) * B1
-            ssz += ch.n + 1
-        self.T = np.full(tsz, np.inf)
-        self.E = np.full(esz, np.inf)   # each unit at exactly b: the executor's own step
-        self.EX = np.full(esz, np.inf)  # ... or its own call of a runtime, what the DP uses
-        self.bslots = np.zeros(bsz, np.int64)
-        self.sizes = np.zeros(ssz, np.int64)
+            intervals = ch.n * (ch.n + 1) // 2
+            for name, size in (("T", intervals * B1 * M1), ("E", ch.n * B1 * M1),
+                               ("bslots", (ch.n + 1) * B1), ("sizes", ch.n + 1),
+                               ("runs", intervals * B1)):
+                starts[name][ch.cid] = total[name]
+                total[name] += size
+        self.chain_T_start, self.chain_E_start = starts["T"], starts["E"]
+        self.chain_bslots_start, self.chain_sizes_start = starts["bslots"], starts["sizes"]
+        self.chain_runs_start = starts["runs"]
+        U = len(self.units)
+        self.T = np.full(total["T"], np.inf)
+        self.E = np.full(total["E"], np.inf)   # each unit at exactly b: the executor's own step
+        self.EX = np.full(total["E"], np.inf)  # ... or its own call of a runtime, what the DP uses
+        self.bslots = np.zeros(total["bslots"], np.int64)
+        self.sizes = np.zeros(total["sizes"], np.int64)
         self.unit_block = np.zeros(U, np.bool_)
         self.unit_ws = np.zeros((U, B1), np.int64)
         self.unit_base = np.zeros((U, B1), np.int64)
         self.unit_boff = np.zeros(U, np.int64)
         self.unit_bcnt = np.zeros(U, np.int64)
+        # runs: cost, slots and exact bytes per (interval, b); RN = M + 1 where there is none
+        self.RC = np.full(total["runs"], np.inf)
+        self.RN = np.full(total["runs"], M1, np.int64)
+        self.RB = np.zeros(total["runs"], np.int64)
+
+    def _fill_units(self, inst: Instance) -> None:
+        """Boundary sizes and slots, and every unit's workspace, block base and branches."""
+        B1, slot_bytes = self.B + 1, self.slot_bytes
         branch_chain: list[int] = []
-        for ch in chains:
-            so, bo = int(self.chain_soff[ch.cid]), int(self.chain_boff[ch.cid])
+        for ch in inst.chains:
+            so, bo = int(self.chain_sizes_start[ch.cid]), int(self.chain_bslots_start[ch.cid])
             self.sizes[so:so + ch.n + 1] = ch.sizes
             for t, s in enumerate(ch.sizes):
                 self.bslots[bo + t * B1: bo + (t + 1) * B1] = [slots_up(s * x, slot_bytes) for x in range(B1)]
             for pos, u in enumerate(ch.units):
-                g = int(self.chain_uoff[ch.cid]) + pos
+                g = int(self.chain_first_unit[ch.cid]) + pos
                 self.unit_block[g] = u.is_block
                 self.unit_ws[g, 1:] = u.ws[:self.B]
                 if u.is_block:
@@ -114,34 +135,26 @@ class ChainTables:
                     self.unit_bcnt[g] = len(u.branches)
                     branch_chain.extend(b.cid for b in u.branches)
         self.branch_chain = np.array(branch_chain + [0], np.int64)
-        # runs: cost, slots and exact bytes per (interval, b); RN = M + 1 where there is none
-        self.chain_roff = np.zeros(len(chains), np.int64)
-        rsz = 0
-        for ch in chains:
-            self.chain_roff[ch.cid] = rsz
-            rsz += ntri[ch.cid] * B1
-        self.RC = np.full(rsz, np.inf)
-        self.RN = np.full(rsz, M1, np.int64)
-        self.RB = np.zeros(rsz, np.int64)
-        for ch in chains:
+
+    def _fill_runs(self, inst: Instance) -> None:
+        """Every span a runtime call may take: its cost, bytes and slots at every b."""
+        B1, M1 = self.B + 1, self.M + 1
+        for ch in inst.chains:
             if ch.runs is None:
                 continue
             for (i, j), (cost, need) in ch.runs.spans.items():
-                at = int(self.chain_roff[ch.cid]) + kernel.tri(ch.n, i, j) * B1
+                at = int(self.chain_runs_start[ch.cid]) + kernel.tri(ch.n, i, j) * B1
                 for b in range(1, B1):
                     self.RC[at + b] = cost[b - 1]
                     self.RB[at + b] = need[b - 1]
-                    self.RN[at + b] = min(slots_up(need[b - 1], slot_bytes), M1)
-
-        for ch in order:
-            self._solve_chain(ch)
+                    self.RN[at + b] = min(slots_up(need[b - 1], self.slot_bytes), M1)
 
     # ------------------------------------------------------------------ building
 
     def table(self, cid: int) -> np.ndarray:
         """The (n(n+1)/2, B+1, M+1) view of chain ``cid``'s OPT tables."""
         n = int(self.chain_n[cid])
-        o = int(self.chain_toff[cid])
+        o = int(self.chain_T_start[cid])
         size = n * (n + 1) // 2 * (self.B + 1) * (self.M + 1)
         return self.T[o:o + size].reshape(n * (n + 1) // 2, self.B + 1, self.M + 1)
 
@@ -149,7 +162,7 @@ class ChainTables:
         """The (n, B+1, M+1) view of chain ``cid``'s E: each unit at exactly b samples, as a
         step of the executor's own (``calls``: or a call of a runtime, whichever is cheaper)."""
         n = int(self.chain_n[cid])
-        o = int(self.chain_eoff[cid])
+        o = int(self.chain_E_start[cid])
         flat = self.EX if calls else self.E
         return flat[o:o + n * (self.B + 1) * (self.M + 1)].reshape(n, self.B + 1, self.M + 1)
 
@@ -168,7 +181,7 @@ class ChainTables:
         E = self.exact(ch.cid)
         mvec = np.arange(M1, dtype=np.int64)
         for pos, u in enumerate(ch.units):
-            g = int(self.chain_uoff[ch.cid]) + pos
+            g = int(self.chain_first_unit[ch.cid]) + pos
             cost = np.array((np.inf,) + tuple(u.cost[:self.B]))
             if not u.is_block:
                 need = np.array([np.iinfo(np.int64).max] + [
@@ -182,8 +195,8 @@ class ChainTables:
                 fold = np.array([0.0] + list(u.cost[:self.B]))
                 kernel.block_exact(F, fold, self.unit_base[g], E[pos])
                 E[pos, 0] = np.inf
-        bs = self.bslots[int(self.chain_boff[ch.cid]):int(self.chain_boff[ch.cid]) + (ch.n + 1) * B1]
-        ro, rn = int(self.chain_roff[ch.cid]), ch.n * (ch.n + 1) // 2 * B1
+        bs = self.bslots[int(self.chain_bslots_start[ch.cid]):int(self.chain_bslots_start[ch.cid]) + (ch.n + 1) * B1]
+        ro, rn = int(self.chain_runs_start[ch.cid]), ch.n * (ch.n + 1) // 2 * B1
         RC, RN = self.RC[ro:ro + rn].reshape(-1, B1), self.RN[ro:ro + rn].reshape(-1, B1)
         EX = self.exact(ch.cid, calls=True)
         kernel.exact_with_runs(E, RC, RN, ch.n, EX)
@@ -202,8 +215,8 @@ class ChainTables:
         out_s = np.empty(cap, np.int64)
         out_n = np.empty(cap, np.int64)
         records, peak = kernel.reconstruct(
-            self.T, self.EX, self.E, self.RC, self.RN, self.RB, self.chain_n, self.chain_toff,
-            self.chain_eoff, self.chain_boff, self.chain_uoff, self.chain_soff, self.chain_roff,
+            self.T, self.EX, self.E, self.RC, self.RN, self.RB, self.chain_n, self.chain_T_start,
+            self.chain_E_start, self.chain_bslots_start, self.chain_first_unit, self.chain_sizes_start, self.chain_runs_start,
             self.bslots, self.sizes, self.unit_block, self.unit_ws, self.unit_base,
             self.unit_boff, self.unit_bcnt, self.branch_chain, self.B + 1, self.M + 1,
             MODES[self.mode], r, m, out_k, out_u, out_l, out_s, out_n)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -205,8 +206,6 @@ def build_instance(profile: Profile, objective: str = "time", *, count_request: 
         if len(cost.call_s) != B or len(cost.byte_s) != B:
             raise ProfileError(f"meta.runtimes.{r}: call_s and byte_s need {B} values each "
                                "(b = 1..batch_max)")
-    chains: list[Chain | None] = []
-    locate: dict[str, tuple[int, int]] = {}
     # units run in calls of runs on ONNX Runtime; the energy objective has no figure for a call
     grouping = rt.ONNXRUNTIME if rt.ONNXRUNTIME in kinds and objective == "time" else ""
     run_memory = {key: ws for r in kinds for key, ws in measured_runs(profile, r).items()
@@ -214,76 +213,94 @@ def build_instance(profile: Profile, objective: str = "time", *, count_request: 
     index = TreeIndex.of(profile.root)
     runs = _Runs(index, Pricing(index, calls, objective), grouping, profile.granule, run_memory,
                  B) if grouping else None
+    flat = _Flattener(B, objective, kinds, choice, count_request, runs)
+    flat.chain(profile.root, is_branch=False, parent=None)
+    chains = tuple(c for c in flat.chains if c is not None)
+    if not chains[0].units:
+        raise ProfileError("the profile's root has no units")
+    return Instance(batch_max=B, objective=objective, chains=chains,
+                    fingerprint=profile.fingerprint or content_fingerprint(profile),
+                    locate=flat.locate, tree=profile.root,
+                    granule=profile.granule, runtimes=kinds, runtime_choice=choice, calls=calls,
+                    run_memory=run_memory, grouping=grouping,
+                    run_inners=runs.inners if runs is not None else {})
 
-    def make_unit(m: Layer) -> Unit:
+
+class _Flattener:
+    """A profile's tree as chains, ids in the order met (a parent before its branches)."""
+
+    def __init__(self, B: int, objective: str, kinds: tuple[str, ...], choice: str,
+                 count_request: bool, runs: _Runs | None) -> None:
+        self.B, self.objective, self.kinds, self.choice = B, objective, kinds, choice
+        self.count_request = count_request
+        self.runs = runs
+        self.chains: list[Chain | None] = []
+        self.locate: dict[str, tuple[int, int]] = {}
+
+    def unit(self, m: Layer) -> Unit:
+        """A layer as a unit: its times and workspaces on the executor's own runtime."""
+        B = self.B
         if len(m.ws) != B or len(m.time) != B:
             raise ProfileError(f"layer {m.name!r} needs 'time' and 'ws' for b = 1..{B}; "
                                f"this tree is not measured (run `vbs profile`)")
         _costs(m.time, "time", m.name, B, optional=False)
-        if kinds:  # a step of the executor's own runs on torch
+        if self.kinds:  # a step of the executor's own runs on torch
             time = tuple(float(figures(m, rt.TORCH, b)[0]) for b in range(1, B + 1))
             ws = tuple(int(figures(m, rt.TORCH, b)[1]) for b in range(1, B + 1))
         else:
             time, ws = tuple(float(t) for t in m.time), tuple(int(w) for w in m.ws)
-        cost = time if objective == "time" else _costs(m.energy, "energy", m.name, B,
-                                                       optional=False)
-        if kinds and choice == rt.ONNXRUNTIME and supports(m, rt.ONNXRUNTIME):
+        cost = time if self.objective == "time" else _costs(m.energy, "energy", m.name, B,
+                                                            optional=False)
+        if self.kinds and self.choice == rt.ONNXRUNTIME and supports(m, rt.ONNXRUNTIME):
             cost = (math.inf,) * B  # --runtime onnxruntime: on it wherever it takes the unit
         return Unit(m.name, False, cost, time, ws)
 
-    def make_chain(node: Node, *, is_branch: bool, parent: tuple[int, int, int] | None) -> Chain:
-        cid = len(chains)
-        chains.append(None)  # reserve the id so a parent's id is smaller than its branches'
+    def block(self, m: Parallel, cid: int, pos: int) -> Unit:
+        """A parallel block as a unit whose branches are chains of their own."""
+        time = _costs(m.time, "time", m.name, self.B, optional=True)
+        cost = time if self.objective == "time" else _costs(m.energy, "energy", m.name, self.B,
+                                                            optional=True)
+        branches = tuple(self.chain(b, is_branch=True, parent=(cid, pos, a))
+                         for a, b in enumerate(m.branches))
+        return Unit(m.name, True, cost, time, (0,) * self.B, branches, m.join)
+
+    def chain(self, node: Node, *, is_branch: bool, parent: tuple[int, int, int] | None) -> Chain:
+        """The chain of a series (the root, or a block's branch), its blocks' branches first."""
+        cid = len(self.chains)
+        self.chains.append(None)  # reserve the id so a parent's id is smaller than its branches'
         members = _flatten(node)
         units: list[Unit] = []
         for pos, m in enumerate(members):
-            if m.name in locate:
+            if m.name in self.locate:
                 raise ProfileError(f"unit name {m.name!r} is used twice (layers and parallel blocks "
                                    f"share one namespace in a program); give every node a unique name")
-            locate[m.name] = (cid, pos)
-            if isinstance(m, Layer):
-                units.append(make_unit(m))
-            else:
-                time = _costs(m.time, "time", m.name, B, optional=True)
-                cost = time if objective == "time" else _costs(m.energy, "energy", m.name, B,
-                                                               optional=True)
-                branches = tuple(make_chain(b, is_branch=True, parent=(cid, pos, a))
-                                 for a, b in enumerate(m.branches))
-                units.append(Unit(m.name, True, cost, time, (0,) * B, branches, m.join))
-        if units:
-            sizes = [members[0].in_bytes] + [m.out_bytes for m in members]
-        else:
-            sizes = [0]
-        if not is_branch and not count_request:
+            self.locate[m.name] = (cid, pos)
+            units.append(self.unit(m) if isinstance(m, Layer) else self.block(m, cid, pos))
+        sizes = [members[0].in_bytes] + [m.out_bytes for m in members] if units else [0]
+        if not is_branch and not self.count_request:
             sizes[0] = 0
         if is_branch:
-            # The fork is held by the block (the paper's collapse): the branch reads it.
-            sizes[0] = 0
-            if units and not units[-1].is_block:
-                # The last layer's output is folded into the join buffer at once, so it is not
-                # held after its step; but torch allocates it before the fold, so it counts
-                # while the layer runs (the paper counts it as 0, which no executor can do).
-                out = members[-1].out_bytes
-                units[-1] = replace(units[-1], ws=tuple(w + out * b for b, w in
-                                                        enumerate(units[-1].ws, start=1)))
-                sizes[-1] = 0
-            # A block that closes a branch keeps its join size: its join buffer is allocated
-            # while its phase is open (and, conservatively, counted until the branch ends).
+            _as_branch(units, sizes, members)
         chain = Chain(cid, tuple(units), tuple(int(s) for s in sizes), parent, tuple(members))
-        if runs is not None:
-            chain = replace(chain, runs=runs.table(chain))
-        chains[cid] = chain
+        if self.runs is not None:
+            chain = replace(chain, runs=self.runs.table(chain))
+        self.chains[cid] = chain
         return chain
 
-    make_chain(profile.root, is_branch=False, parent=None)
-    fingerprint = profile.fingerprint or content_fingerprint(profile)
-    if not chains[0].units:  # type: ignore[union-attr]
-        raise ProfileError("the profile's root has no units")
-    return Instance(batch_max=B, objective=objective, chains=tuple(chains),  # type: ignore[arg-type]
-                    fingerprint=fingerprint, locate=locate, tree=profile.root,
-                    granule=profile.granule, runtimes=kinds, runtime_choice=choice, calls=calls,
-                    run_memory=run_memory, grouping=grouping,
-                    run_inners=runs.inners if runs is not None else {})
+
+def _as_branch(units: list[Unit], sizes: list[int], members: Sequence[Node]) -> None:
+    """A branch's chain as the block holds it: the fork is held by the block (the paper's
+    collapse), so the branch reads it at no cost of its own; its last layer's output is folded
+    into the join buffer at once, so it is not held after its step, but torch allocates it
+    before the fold, so it counts while the layer runs (the paper counts it as 0, which no
+    executor can do). A block that closes a branch keeps its join size: its join buffer is
+    allocated while its phase is open (and, conservatively, counted until the branch ends)."""
+    sizes[0] = 0
+    if units and not units[-1].is_block:
+        out = members[-1].out_bytes
+        units[-1] = replace(units[-1], ws=tuple(w + out * b for b, w in
+                                                enumerate(units[-1].ws, start=1)))
+        sizes[-1] = 0
 
 
 @dataclass(frozen=True)
