@@ -113,13 +113,7 @@ def simulate(model: Profile | Instance, program: Program | Iterable[Step], batch
     """Replay ``program`` (with its ``runs``) on ``batch`` samples within ``budget_bytes``;
     raise if it is invalid."""
     inst = model if isinstance(model, Instance) else build_instance(model, objective)
-    check_slot_bytes(slot_bytes)
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise UsageError(f"request size must be a whole number >= 1, got {batch!r}")
-    if batch > inst.batch_max:
-        raise UsageError(f"request size {batch} is larger than the profile's batch_max {inst.batch_max}")
-    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
-        raise UsageError(f"memory budget must be a whole number of bytes >= 0, got {budget_bytes!r}")
+    _check_request(inst, batch, budget_bytes, slot_bytes)
     usable = budget_bytes // slot_bytes * slot_bytes
     steps = _as_steps(program)
     runs = tuple(runs)
@@ -132,31 +126,18 @@ def simulate(model: Profile | Instance, program: Program | Iterable[Step], batch
     run_need_now = 0
     per_unit: dict[str, tuple[list[int], list[int]]] = {n: ([], []) for n in inst.unit_names}
 
-    def where(i: int, step: Step) -> str:
-        return f"step {i} ({step.unit!r} x {step.samples})"
-
     for i, step in enumerate(steps):
-        if step.unit not in inst.locate:
-            raise InvalidProgramError(f"{where(i, step)}: no unit of that name in the profile")
-        if isinstance(step.samples, bool) or not isinstance(step.samples, int) or step.samples < 1:
-            raise InvalidProgramError(f"{where(i, step)}: samples must be a whole number >= 1")
-        cid, pos = inst.locate[step.unit]
+        pos = _check_step(inst, stack, i, step)
         top = stack[-1]
-        if cid != top.chain.cid:
-            raise InvalidProgramError(f"{where(i, step)}: {_out_of_order(inst, stack, cid)}")
         unit = top.chain.units[pos]
         c = step.samples
-        waiting = top.counts[pos]
-        if c > waiting:
-            raise InvalidProgramError(f"{where(i, step)}: only {waiting} samples wait at the input "
-                                      f"of {unit.name!r}")
         held = sum(f.held() for f in stack)
         node = top.chain.nodes[pos]
         if i in run_end:  # a run starts: one need for all its steps
             end = run_end[i]
             nodes = inst.index.run_nodes(steps, i, end)
             if any(top.counts[pos + 1:pos + len(nodes)]):
-                raise InvalidProgramError(f"{where(i, step)}: a run starts while samples wait "
+                raise InvalidProgramError(f"{_where(i, step)}: a run starts while samples wait "
                                           "between its units")
             in_run, run_need_now = end, held + run_need(nodes, c, run_runtime(nodes[0], step), 0,
                                                         inst.granule, inst.run_memory)
@@ -169,8 +150,8 @@ def simulate(model: Profile | Instance, program: Program | Iterable[Step], batch
             need = held + node.out_bytes * c + figures(node, runtime, c)[1]  # type: ignore[arg-type]
         if need > usable:
             rounded = f" ({budget_bytes} rounded down to slots of {slot_bytes})" if usable != budget_bytes else ""
-            raise InvalidProgramError(f"{where(i, step)}: needs {need} bytes but the budget allows "
-                                      f"{usable}{rounded}; {need - usable} bytes over")
+            raise InvalidProgramError(f"{_where(i, step)}: needs {need} bytes but the budget "
+                                      f"allows {usable}{rounded}; {need - usable} bytes over")
         needs.append(need)
         per_unit[unit.name][0].append(c)
         per_unit[unit.name][1].append(budget_bytes - need)
@@ -191,6 +172,38 @@ def simulate(model: Profile | Instance, program: Program | Iterable[Step], batch
         modelled_bytes=peak,
         peak_slot_bytes=-(-peak // slot_bytes) * slot_bytes, step_need_bytes=tuple(needs),
         units=tuple(UnitUsage(n, tuple(b), tuple(u)) for n, (b, u) in per_unit.items()))
+
+
+def _check_request(inst: Instance, batch: int, budget_bytes: int, slot_bytes: int) -> None:
+    """The request and the budget as ``simulate`` takes them, else a UsageError saying why."""
+    check_slot_bytes(slot_bytes)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise UsageError(f"request size must be a whole number >= 1, got {batch!r}")
+    if batch > inst.batch_max:
+        raise UsageError(f"request size {batch} is larger than the profile's batch_max {inst.batch_max}")
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
+        raise UsageError(f"memory budget must be a whole number of bytes >= 0, got {budget_bytes!r}")
+
+
+def _where(i: int, step: Step) -> str:
+    return f"step {i} ({step.unit!r} x {step.samples})"
+
+
+def _check_step(inst: Instance, stack: list[_Frame], i: int, step: Step) -> int:
+    """Step i's position in the chain running now, after checking it may run there."""
+    if step.unit not in inst.locate:
+        raise InvalidProgramError(f"{_where(i, step)}: no unit of that name in the profile")
+    if isinstance(step.samples, bool) or not isinstance(step.samples, int) or step.samples < 1:
+        raise InvalidProgramError(f"{_where(i, step)}: samples must be a whole number >= 1")
+    cid, pos = inst.locate[step.unit]
+    top = stack[-1]
+    if cid != top.chain.cid:
+        raise InvalidProgramError(f"{_where(i, step)}: {_out_of_order(inst, stack, cid)}")
+    waiting = top.counts[pos]
+    if step.samples > waiting:
+        raise InvalidProgramError(f"{_where(i, step)}: only {waiting} samples wait at the input "
+                                  f"of {top.chain.units[pos].name!r}")
+    return pos
 
 
 def _check_runs(inst: Instance, steps: tuple[Step, ...], runs: tuple[tuple[int, int], ...]
