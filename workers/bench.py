@@ -120,34 +120,7 @@ def run_bench(capture: Capture, profile: Profile, tables: dict[str, PlanTable], 
     x = model.example(r, seed=7)
     with torch.inference_mode():
         expected = model.module(x)
-    rows: list[Row] = []
-    configs: list[tuple[Row, Plan]] = []
-    for budget in budgets:
-        for strategy in strategies:
-            row = Row(model.spec.name, strategy, budget, r, feasible=False)
-            table = tables[strategy]
-            try:
-                plan = table.lookup(r, budget)
-            except InfeasibleError as exc:
-                row.reason = " ".join(str(exc).split())
-                rows.append(row)
-                continue
-            row.feasible = True
-            row.plan_id = plan.plan_id
-            row.runtimes = sorted({s.runtime or TORCH for s in plan.program.steps})
-            row.calls = plan.calls
-            row.shape = plan_shape(plan.program.steps, plan.runs, limit=12)
-            if strategy in ("fbs", BASELINE):
-                row.uniform_batch = plan.program.steps[0].samples
-            row.time_per_sample_predicted = plan.time_per_sample
-            row.peak_bytes_claimed = plan.peak_bytes
-            row.peak_bytes_model = plan.modelled_bytes
-            row.peak_bytes_predicted = executor_peak(profile.root, plan.program.steps, r,
-                                                     granule=table.granule, splits=plan.split_map,
-                                                     runs=plan.run_map, inside=False)
-            rows.append(row)
-            configs.append((row, plan))
-
+    rows, configs = _look_up(profile, tables, r, budgets, strategies, model.spec.name)
     def job(plan: Plan) -> Callable[[], torch.Tensor]:
         return lambda: execute(capture, plan.program.steps, x, plan.split_map, plan.run_map, ort)
 
@@ -172,6 +145,48 @@ def run_bench(capture: Capture, profile: Profile, tables: dict[str, PlanTable], 
         row.time_per_sample_measured = med
         row.time_per_sample_spread = (max(ts) - min(ts)) / med if med else None
         row.peak_bytes_measured = peaks[str(i)]
+    _gains(rows, budgets)
+    summary = _summary(model.spec.name, r, device, repeat, [row for row, _ in configs],
+                       plain_times, uniform_times)
+    return rows, summary, {(row.strategy, row.memory_budget): plan for row, plan in configs}
+
+
+def _look_up(profile: Profile, tables: dict[str, PlanTable], r: int, budgets: list[int],
+             strategies: tuple[str, ...], name: str) -> tuple[list[Row], list[tuple[Row, Plan]]]:
+    """A row for every (budget, strategy), with its plan's figures where one fits."""
+    rows: list[Row] = []
+    configs: list[tuple[Row, Plan]] = []
+    for budget in budgets:
+        for strategy in strategies:
+            row = Row(name, strategy, budget, r, feasible=False)
+            table = tables[strategy]
+            try:
+                plan = table.lookup(r, budget)
+            except InfeasibleError as exc:
+                row.reason = " ".join(str(exc).split())
+                rows.append(row)
+                continue
+            row.feasible = True
+            row.plan_id = plan.plan_id
+            row.runtimes = sorted({s.runtime or TORCH for s in plan.program.steps})
+            row.calls = plan.calls
+            row.shape = plan_shape(plan.program.steps, plan.runs, limit=12)
+            if strategy in ("fbs", BASELINE):
+                row.uniform_batch = plan.program.steps[0].samples
+            row.time_per_sample_predicted = plan.time_per_sample
+            row.peak_bytes_claimed = plan.peak_bytes
+            row.peak_bytes_model = plan.modelled_bytes
+            row.peak_bytes_predicted = executor_peak(profile.root, plan.program.steps, r,
+                                                     granule=table.granule, splits=plan.split_map,
+                                                     runs=plan.run_map, inside=False)
+            rows.append(row)
+            configs.append((row, plan))
+
+    return rows, configs
+
+
+def _gains(rows: list[Row], budgets: list[int]) -> None:
+    """Each row's measured speed-up over fbs-best and fbs at its budget."""
     for budget in budgets:
         here = {row.strategy: row for row in rows if row.memory_budget == budget and row.feasible}
         for row in here.values():
@@ -179,9 +194,13 @@ def run_bench(capture: Capture, profile: Profile, tables: dict[str, PlanTable], 
                 if base in here and row.time_per_sample_measured:
                     setattr(row, attr, here[base].time_per_sample_measured  # type: ignore[operator]
                             / row.time_per_sample_measured)
-    done = [row for row, _ in configs]
+
+
+def _summary(name: str, r: int, device: torch.device, repeat: int, done: list[Row],
+             plain_times: list[float], uniform_times: list[float]) -> dict[str, Any]:
+    """What the rows say together: the executor's overhead and how far predictions were."""
     summary = {
-        "model": model.spec.name, "batch": r, "device": str(device), "repeat": repeat,
+        "model": name, "batch": r, "device": str(device), "repeat": repeat,
         "plain_model_time_per_sample": statistics.median(plain_times),
         "uniform_plan_time_per_sample": statistics.median(uniform_times),
         "executor_overhead": statistics.median(uniform_times) / statistics.median(plain_times) - 1,
@@ -197,7 +216,7 @@ def run_bench(capture: Capture, profile: Profile, tables: dict[str, PlanTable], 
         "runs": len(done),
         "budget_exceeded": sum(1 for r in done if (r.peak_bytes_measured or 0) > r.memory_budget),
     }
-    return rows, summary, {(row.strategy, row.memory_budget): plan for row, plan in configs}
+    return summary
 
 
 def _mape(pairs: list[tuple[Any, Any]]) -> float | None:
