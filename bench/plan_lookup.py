@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 from pathlib import Path
 
 import httpx
@@ -71,39 +72,15 @@ def serve(args: argparse.Namespace, store: str) -> tuple[subprocess.Popen[bytes]
             time.sleep(0.2)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="resnet50")
-    ap.add_argument("--batch-max", type=int, default=32)
-    ap.add_argument("--slot-count", type=int, default=512)
-    ap.add_argument("--grid", action="store_true", help="profile a grid of batch sizes")
-    ap.add_argument("--samples", type=int, default=5000, help="choices timed")
-    ap.add_argument("--requests", type=int, default=500, help="/plan requests timed")
-    ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "vbs-serve"))
-    ap.add_argument("--json", help="write the figures here")
-    args = ap.parse_args()
-
-    store_dir = Path(tempfile.mkdtemp(prefix="vbs-lookup-store-"))
-    settings = Settings(cache_dir=args.cache_dir, store=str(store_dir), batch_max=args.batch_max,
-                        slot_count=args.slot_count, models=[args.model], profile_grid=args.grid)
-    spec = ModelSpec(name=args.model)
-    with open_store(settings.store_location) as store:
-        prepared = prepare(spec, settings, store, progress=False)
-        stored = store.get_table(prepared.table_id)
-    blob = stored.blob
+def time_choices(args: argparse.Namespace, prepared: Any, blob: bytes, rng: random.Random,
+                 figures: dict[str, Any]) -> tuple[PlanTable, int, int]:
+    """The worker's choice, on a table read from its bytes, first call included; returns the
+    table and the range of free memory drawn from."""
     r = args.batch_max
-    figures: dict[str, object] = {
-        "model": args.model, "batch_max": r, "slot_count": args.slot_count,
-        "tables_build_s": stored.meta["solve_s"],
-        "plans": {s: len(t.plans) for s, t in prepared.tables.items()},
-        "table_bytes": len(blob)}
-
-    # -- the worker's choice, on a table read from its bytes, first call included -----------
     t0 = time.perf_counter()
     table = PlanTable.from_bytes(blob)
     figures["table_load_s"] = round(time.perf_counter() - t0, 3)
     worker = Worker(prepared.capture, table, MemoryProbe("cpu"))
-    rng = random.Random(0)
     low, high = int(table.min_peaks[0]) // 2, table.top_bytes * 2
     choice_us = []
     for _ in range(args.samples):
@@ -117,8 +94,14 @@ def main() -> None:
     figures["choice_us"] = {"first": round(choice_us[0], 1), "p50": round(pct(choice_us, .5), 1),
                             "p99": round(pct(choice_us, .99), 1), "max": round(max(choice_us), 1)}
 
-    # -- /plan over real HTTP ---------------------------------------------------------------
-    server, url = serve(args, settings.store_location)
+    return table, low, high
+
+
+def time_plan_requests(args: argparse.Namespace, store_location: str, low: int, high: int,
+                       rng: random.Random, figures: dict[str, Any]) -> None:
+    """/plan over real HTTP, interleaved with /v2/health/live, and the server's own histogram."""
+    r = args.batch_max
+    server, url = serve(args, store_location)
     try:
         plan_ms, live_ms = [], []
         with httpx.Client(base_url=url, timeout=60) as client:
@@ -153,6 +136,39 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="resnet50")
+    ap.add_argument("--batch-max", type=int, default=32)
+    ap.add_argument("--slot-count", type=int, default=512)
+    ap.add_argument("--grid", action="store_true", help="profile a grid of batch sizes")
+    ap.add_argument("--samples", type=int, default=5000, help="choices timed")
+    ap.add_argument("--requests", type=int, default=500, help="/plan requests timed")
+    ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "vbs-serve"))
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args()
+
+    store_dir = Path(tempfile.mkdtemp(prefix="vbs-lookup-store-"))
+    settings = Settings(cache_dir=args.cache_dir, store=str(store_dir), batch_max=args.batch_max,
+                        slot_count=args.slot_count, models=[args.model], profile_grid=args.grid)
+    spec = ModelSpec(name=args.model)
+    with open_store(settings.store_location) as store:
+        prepared = prepare(spec, settings, store, progress=False)
+        stored = store.get_table(prepared.table_id)
+    blob = stored.blob
+    r = args.batch_max
+    figures: dict[str, object] = {
+        "model": args.model, "batch_max": r, "slot_count": args.slot_count,
+        "tables_build_s": stored.meta["solve_s"],
+        "plans": {s: len(t.plans) for s, t in prepared.tables.items()},
+        "table_bytes": len(blob)}
+
+    rng = random.Random(0)
+    table, low, high = time_choices(args, prepared, blob, rng, figures)
+    time_plan_requests(args, settings.store_location, low, high, rng, figures)
 
     c, p, h = figures["choice_us"], figures["plan_ms"], figures["live_ms"]
     print(f"| {args.model} | {r} | {args.slot_count} | {figures['tables_build_s']} | "  # type: ignore[index]

@@ -255,7 +255,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def main() -> int:
+def arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=600.0, help="seconds of load (<= 3600)")
     ap.add_argument("--clients", type=int, default=8)
@@ -271,74 +271,65 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", help="also write the report here")
     args = ap.parse_args()
-    logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("vbs").setLevel(logging.ERROR)  # 503s under a tight limit are expected
     if not 0 < args.duration <= 3600 or not 1 <= args.clients <= 256:
         sys.exit("--duration must be in (0, 3600] s and --clients in 1..256")
-    models = args.model or list(MODELS)
-    rng = random.Random(args.seed)
-    workdir = Path(tempfile.mkdtemp(prefix="vbs-soak-"))
-    redis = Redis(workdir)
-    redis.start()
+    return args
+
+
+def planned_settings(args: argparse.Namespace, models: list[str], redis: Redis) -> Settings:
+    """The service's settings, every model planned into the store first (as `vbs plan`)."""
     settings = Settings(cache_dir=args.cache_dir, store=redis.url, models=models,
                         batch_max=args.batch_max, store_retry_base_s=0.2, store_retry_cap_s=2.0,
                         request_timeout_s=30)
     t0 = time.monotonic()
-    with open_store(redis.url) as store:  # what `vbs plan` does
+    with open_store(redis.url) as store:
         for _, name, shape in settings.served_models:
             prepare(ModelSpec(name, input_shape=shape), settings, store,
                     batch_max=args.batch_max, progress=False)
     print(f"planned {len(models)} models in {time.monotonic() - t0:.0f} s", file=sys.stderr)
-    app = create_app(settings)
-    server = Server(app)
-    url = server.start()
+    return settings
+
+
+async def load_with_chaos(args: argparse.Namespace, app: Any, url: str, redis: Redis,
+                          rng: random.Random, tally: dict[str, Any]) -> dict[str, Any]:
+    """Clients for ``--duration`` s with memory limits, Redis and table chaos after the
+    warm-up; returns the process figures taken when warm."""
     registry = app.state.registry
     shapes = {e.name: tuple(e.input_shape) for e in registry.entries.values()}
     outputs = {e.name: list(e.output_shape) for e in registry.entries.values()}
-
-    tally: dict[str, Any] = {"sent": 0, "answered": 0, "status": Counter(), "latency": [],
-                             "wrong": 0, "transport_errors": Counter(), "limit_changes": 0,
-                             "republished": 0, "republish_skipped": 0, "samples": []}
-
-    async def run() -> dict[str, Any]:
-        stop = asyncio.Event()
-        clients = [asyncio.create_task(client(k, url, shapes, outputs, stop, tally))
-                   for k in range(args.clients)]
-        await asyncio.sleep(args.warmup)
-        gc.collect()
-        before = process_stats()
-        print(f"warm: {before}", file=sys.stderr)
-        chaos = [asyncio.create_task(chaos_memory(app, args.limit_every, stop, rng, tally)),
-                 asyncio.create_task(chaos_redis(redis, args.redis_every, args.redis_down, stop)),
-                 asyncio.create_task(chaos_tables(app, redis, args.republish_every, stop, rng,
-                                                  tally))]
-        started = time.monotonic()
-        while time.monotonic() - started < args.duration:
-            await asyncio.sleep(min(30.0, args.duration - (time.monotonic() - started)))
-            now = process_stats()
-            tally["samples"].append(now)
-            print(f"{time.monotonic() - started:.0f} s: sent {tally['sent']}, answered "
-                  f"{tally['answered']}, status {dict(tally['status'])}, {now}", file=sys.stderr)
-        stop.set()
-        await asyncio.gather(*clients, *chaos)
-        if redis.process is None or redis.process.poll() is not None:
-            await asyncio.to_thread(redis.start)
-        for entry in registry.entries.values():
-            entry.worker.probe.limit = 0
-        return before
-
-    before = asyncio.run(run())
+    stop = asyncio.Event()
+    clients = [asyncio.create_task(client(k, url, shapes, outputs, stop, tally))
+               for k in range(args.clients)]
+    await asyncio.sleep(args.warmup)
     gc.collect()
-    after = process_stats()
-    metrics = app.state.metrics
-    reloads = {name: metrics.value("vbs_table_reloads_total", {"model": name}) for name in shapes}
-    store_errors = metrics.value("vbs_store_errors_total")
-    server.stop()
-    redis.stop()
-    shutil.rmtree(workdir, ignore_errors=True)
+    before = process_stats()
+    print(f"warm: {before}", file=sys.stderr)
+    chaos = [asyncio.create_task(chaos_memory(app, args.limit_every, stop, rng, tally)),
+             asyncio.create_task(chaos_redis(redis, args.redis_every, args.redis_down, stop)),
+             asyncio.create_task(chaos_tables(app, redis, args.republish_every, stop, rng,
+                                              tally))]
+    started = time.monotonic()
+    while time.monotonic() - started < args.duration:
+        await asyncio.sleep(min(30.0, args.duration - (time.monotonic() - started)))
+        now = process_stats()
+        tally["samples"].append(now)
+        print(f"{time.monotonic() - started:.0f} s: sent {tally['sent']}, answered "
+              f"{tally['answered']}, status {dict(tally['status'])}, {now}", file=sys.stderr)
+    stop.set()
+    await asyncio.gather(*clients, *chaos)
+    if redis.process is None or redis.process.poll() is not None:
+        await asyncio.to_thread(redis.start)
+    for entry in registry.entries.values():
+        entry.worker.probe.limit = 0
+    return before
+
+
+def report_of(args: argparse.Namespace, models: list[str], tally: dict[str, Any],
+              before: dict[str, Any], after: dict[str, Any], redis: Redis,
+              reloads: dict[str, Any], store_errors: Any) -> dict[str, Any]:
     lat = tally["latency"]
     statuses = {str(k): v for k, v in sorted(tally["status"].items())}
-    report = {
+    return {
         "duration_s": args.duration, "clients": args.clients, "models": models,
         "sent": tally["sent"], "answered": tally["answered"],
         "lost": tally["sent"] - tally["answered"], "by_status": statuses,
@@ -356,6 +347,34 @@ def main() -> int:
         "republished": tally["republished"], "republish_skipped": tally["republish_skipped"],
         "table_reloads": reloads, "store_errors": store_errors,
     }
+
+
+def main() -> int:
+    args = arguments()
+    logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("vbs").setLevel(logging.ERROR)  # 503s under a tight limit are expected
+    models = args.model or list(MODELS)
+    rng = random.Random(args.seed)
+    workdir = Path(tempfile.mkdtemp(prefix="vbs-soak-"))
+    redis = Redis(workdir)
+    redis.start()
+    app = create_app(planned_settings(args, models, redis))
+    server = Server(app)
+    url = server.start()
+    tally: dict[str, Any] = {"sent": 0, "answered": 0, "status": Counter(), "latency": [],
+                             "wrong": 0, "transport_errors": Counter(), "limit_changes": 0,
+                             "republished": 0, "republish_skipped": 0, "samples": []}
+    before = asyncio.run(load_with_chaos(args, app, url, redis, rng, tally))
+    gc.collect()
+    after = process_stats()
+    metrics = app.state.metrics
+    reloads = {name: metrics.value("vbs_table_reloads_total", {"model": name})
+               for name in app.state.registry.entries}
+    store_errors = metrics.value("vbs_store_errors_total")
+    server.stop()
+    redis.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
+    report = report_of(args, models, tally, before, after, redis, reloads, store_errors)
     text = json.dumps(report, indent=1)
     print(text)
     if args.json:

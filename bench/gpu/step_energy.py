@@ -48,22 +48,16 @@ def fitting_grid(grid: list[int], units: int, per_s: float, share_s: float) -> l
     return grid
 
 
-def _model(cfg: Config, item: Run, rec: Record, share_s: float) -> None:
-    import torch
-
-    from core.errors import InfeasibleError
-    from planner.graph.capture import capture
+def _profiled(cfg: Config, item: Run, share_s: float) -> tuple[Any, Any, Any, Any, Any]:
+    """The model captured and profiled, with energy per unit measured on ``cfg``'s counter:
+    (capture, profile, counter, clock, energy meta)."""
     from core.loaded import ModelSpec
+    from core.tree import iter_layers
+    from planner.graph.capture import capture
     from planner.models import load_model
     from planner.profiling import energy
     from planner.profiling.profiler import ProfileOptions, measure
-    from planner.solver.compare import budget_range
-    from core.sizes import parse_budgets
-    from planner.solver.tables import build_tables
-    from core.tree import iter_layers
-    from workers.executor import execute
 
-    t0 = time.perf_counter()
     cap = capture(load_model(ModelSpec(item.model, input_shape=item.shape, dtype=item.dtype,
                                        device=cfg.device)))
     profile = measure(cap, ProfileOptions(batch_max=item.batch_max, repeats=cfg.profile_repeats,
@@ -76,16 +70,22 @@ def _model(cfg: Config, item: Run, rec: Record, share_s: float) -> None:
                         window + 2 * clock.tick_s, share_s)
     spent, meta = energy.measure_units(cap, counter, grid, window_ticks=cfg.energy_window_ticks,
                                        min_window_s=cfg.energy_min_window_s, clock=clock)
-    profile = energy.with_energy(profile, spent, meta)
+    return cap, energy.with_energy(profile, spent, meta), counter, clock, meta
+
+
+def _looked_up(profile: Any, item: Run) -> tuple[list[tuple[dict[str, Any], Any]], list[dict[str, Any]]]:
+    """For every budget, the plan for time, for energy and fbs-best's: (cells with their plans,
+    rows)."""
+    from core.errors import InfeasibleError
+    from core.sizes import parse_budgets
+    from planner.solver.compare import budget_range
+    from planner.solver.tables import build_tables
+
     tables = {"time": build_tables(profile, ("vbs", "fbs", "fbs-best"), objective="time"),
               "energy": build_tables(profile, ("vbs",), objective="energy")}
     r = item.batch
-    budgets = parse_budgets(item.memory, *budget_range(tables["time"], r))
-    planned_s = time.perf_counter() - t0
-    meter = energy.Meter(counter, clock, energy.device_sync(cap.model.device))
-    x = cap.model.example(r, seed=7)
     configs, rows = [], []
-    for budget in budgets:
+    for budget in parse_budgets(item.memory, *budget_range(tables["time"], r)):
         row: dict[str, Any] = {"budget": budget, "plans": {}}
         for key, obj, solver in (("time", "time", "vbs"), ("energy", "energy", "vbs"),
                                  ("fbs-best", "time", "fbs-best")):
@@ -102,11 +102,22 @@ def _model(cfg: Config, item: Run, rec: Record, share_s: float) -> None:
         row["same_plan"] = row["plans"].get("time", {}).get("plan_id") == \
             row["plans"].get("energy", {}).get("plan_id")
         rows.append(row)
+    return configs, rows
+
+
+def _measured(cfg: Config, item: Run, cap: Any, meter: Any, window: float,
+              configs: list[tuple[dict[str, Any], Any]]) -> None:
+    """Each plan's time and energy per sample, as the median of ``item.repeat`` windows."""
+    import torch
+
+    from workers.executor import execute
+
+    r = item.batch
+    x = cap.model.example(r, seed=7)
 
     def job(plan: Any) -> Any:
         return lambda: execute(cap, plan.program.steps, x, plan.split_map, plan.run_map, None)
 
-    window = max(cfg.energy_min_window_s, cfg.energy_window_ticks * clock.tick_s)
     repeats = {}
     with torch.inference_mode():
         for cell, plan in configs:  # warm-up, and how many runs fill the window
@@ -134,7 +145,19 @@ def _model(cfg: Config, item: Run, rec: Record, share_s: float) -> None:
         cell["time_per_sample_measured"] = statistics.median(t for t, _ in samples[id(cell)])
         cell["energy_per_sample_measured"] = statistics.median(e for _, e in samples[id(cell)])
         cell["runs_per_window"] = repeats[id(cell)]
-    rec.item({"label": item.label, "model": item.model, "dtype": item.dtype, "batch": r,
+
+
+def _model(cfg: Config, item: Run, rec: Record, share_s: float) -> None:
+    from planner.profiling import energy
+
+    t0 = time.perf_counter()
+    cap, profile, counter, clock, meta = _profiled(cfg, item, share_s)
+    configs, rows = _looked_up(profile, item)
+    planned_s = time.perf_counter() - t0
+    meter = energy.Meter(counter, clock, energy.device_sync(cap.model.device))
+    window = max(cfg.energy_min_window_s, cfg.energy_window_ticks * clock.tick_s)
+    _measured(cfg, item, cap, meter, window, configs)
+    rec.item({"label": item.label, "model": item.model, "dtype": item.dtype, "batch": item.batch,
               "counter": counter.name, "unit": counter.unit, "energy_meta": meta,
               "profile_s": profile.meta.get("elapsed_s"), "planned_s": round(planned_s, 2),
               "seconds": round(time.perf_counter() - t0, 2), "rows": rows})

@@ -118,6 +118,48 @@ class Sampler(threading.Thread):
                                     total(page, "vbs_plan_peak_bytes", model=self.model)))
 
 
+def _load_summary(output: str) -> dict[str, Any] | None:
+    """`vbs loadtest --json`'s summary, after any warning it printed first; None if absent."""
+    start = re.search(r"^\{$", output, re.M)
+    try:
+        return json.loads(output[start.start():]) if start else None
+    except ValueError:
+        return None
+
+
+def _served_figures(url: str, m: str) -> dict[str, Any]:
+    """What the service's /metrics counted for model ``m``."""
+    status, text = get(url + "/metrics")
+    page = samples(text) if status == 200 else []
+    return {
+        "oom_retries": total(page, "vbs_oom_retries_total", model=m),
+        "batch_splits": total(page, "vbs_batch_splits_total", model=m),
+        "samples": total(page, "vbs_samples_total", model=m),
+        "rejected": total(page, "vbs_rejected_total", model=m),
+        "step_downs": total(page, "vbs_memory_step_downs_total", model=m),
+        "lease_waits": total(page, "vbs_memory_lease_waits_total", model=m),
+        # inference answers only: the readiness poll's 503s before the tables are in
+        # are the probe working, not a request lost
+        "requests_5xx": sum(v for n, lab, v in page if n == "vbs_requests_total"
+                            and lab.get("endpoint") != "health"
+                            and lab.get("status", "").startswith("5")),
+        "requests_4xx": sum(v for n, lab, v in page if n == "vbs_requests_total"
+                            and lab.get("status", "").startswith("4")),
+        "errors_by_label": [dict(lab, count=v) for n, lab, v in page
+                            if n == "vbs_requests_total" and v
+                            and lab.get("status", "")[:1] in ("4", "5")],
+    }
+
+
+def _over_time(points: list[tuple[float, float, float]]) -> dict[str, Any]:
+    """The sampler's free memory and plan peaks while the load ran."""
+    peaks = sorted({int(p) for _, _, p in points if p > 0})
+    return {"readings": len(points), "plan_peaks_seen": peaks,
+            "free_min": min((f for _, f, _ in points), default=None),
+            "free_max": max((f for _, f, _ in points), default=None),
+            "points": points[:400]}
+
+
 def _serve_one(cfg: Config, work: Path, solver: str, limit: int, deadline: Deadline) -> dict[str, Any]:
     s = cfg.serve
     item = s.run
@@ -159,44 +201,15 @@ def _serve_one(cfg: Config, work: Path, solver: str, limit: int, deadline: Deadl
                        timeout_s=s.duration_s + s.warmup_s + 120)
             sampler.stop.set()
             sampler.join(5)
-            start = re.search(r"^\{$", load.output, re.M)  # the JSON summary, after any warning
-            try:
-                out["load"] = json.loads(load.output[start.start():]) if start else None
-            except ValueError:
-                out["load"] = None
+            out["load"] = _load_summary(load.output)
             if out["load"] is None:
                 out["load_error"] = load.tail(1500)
             hog_rc = hog.wait(timeout=s.duration_s + s.warmup_s + 60)
             out["hog"] = json.loads(hog_out.read_text()) if hog_out.exists() else \
                 {"rc": hog_rc, "error": (hog.stderr.read() if hog.stderr else "")[-1000:]}
             out["hog"].pop("log", None)
-            status, text = get(url + "/metrics")
-            page = samples(text) if status == 200 else []
-            m = item.model
-            out["metrics"] = {
-                "oom_retries": total(page, "vbs_oom_retries_total", model=m),
-                "batch_splits": total(page, "vbs_batch_splits_total", model=m),
-                "samples": total(page, "vbs_samples_total", model=m),
-                "rejected": total(page, "vbs_rejected_total", model=m),
-                "step_downs": total(page, "vbs_memory_step_downs_total", model=m),
-                "lease_waits": total(page, "vbs_memory_lease_waits_total", model=m),
-                # inference answers only: the readiness poll's 503s before the tables are in
-                # are the probe working, not a request lost
-                "requests_5xx": sum(v for n, lab, v in page if n == "vbs_requests_total"
-                                    and lab.get("endpoint") != "health"
-                                    and lab.get("status", "").startswith("5")),
-                "requests_4xx": sum(v for n, lab, v in page if n == "vbs_requests_total"
-                                    and lab.get("status", "").startswith("4")),
-                "errors_by_label": [dict(lab, count=v) for n, lab, v in page
-                                    if n == "vbs_requests_total" and v
-                                    and lab.get("status", "")[:1] in ("4", "5")],
-            }
-            points = sampler.points
-            peaks = sorted({int(p) for _, _, p in points if p > 0})
-            out["over_time"] = {"readings": len(points), "plan_peaks_seen": peaks,
-                                "free_min": min((f for _, f, _ in points), default=None),
-                                "free_max": max((f for _, f, _ in points), default=None),
-                                "points": points[:400]}
+            out["metrics"] = _served_figures(url, item.model)
+            out["over_time"] = _over_time(sampler.points)
         finally:
             if hog is not None and hog.poll() is None:
                 hog.terminate()
