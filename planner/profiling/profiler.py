@@ -20,7 +20,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -220,120 +220,182 @@ def measure(capture: Capture, options: ProfileOptions, progress: bool = True) ->
     regions add up to the whole pass (see PassTimer). Passes go round-robin over the batch
     sizes and the runtimes, so drift hits all of them alike.
     """
-    device = capture.model.device
-    grid = batch_grid(options.batch_max, options.grid)
     started = time.perf_counter()
-    layers = list(iter_layers(capture.tree))
-    blocks = [n for n in iter_nodes(capture.tree) if isinstance(n, Parallel)]
+    grid = batch_grid(options.batch_max, options.grid)
     inputs = {b: capture.model.example(b, seed=b) for b in grid}
-    unsupported: dict[str, dict[str, str]] = {}
-    runners: dict[str, UnitRunner | None] = {runtimes.TORCH: None}
-    ort = None
-    unavailable = ""
-    if runtimes.ONNXRUNTIME in options.runtimes:
+    rts = _Runtimes.of(capture, options, inputs, grid)
+    layers = list(iter_layers(capture.tree))
+    per_pass = len(layers)  # the bar counts unit runs: units x batch sizes x repeats
+    passes = (options.warmup + options.repeats) * len(grid) * len(rts.runners)
+    bar = tqdm(total=(passes + len(grid)) * per_pass, desc=f"profiling {capture.model.spec.name}",
+               unit="unit", disable=not progress, leave=False)
+    try:
+        with torch.inference_mode():
+            samples, run_samples = _timed_passes(capture, options, grid, inputs, rts,
+                                                 lambda: bar.update(per_pass))
+            peaks = _peaks(capture, grid, inputs, lambda: bar.update(per_pass))
+    except torch.cuda.OutOfMemoryError as exc:  # = torch.OutOfMemoryError (torch >= 2.5)
+        raise ProfileError(f"out of memory running batch {options.batch_max} on "
+                           f"{capture.model.device}: profile with a smaller --batch-max") from exc
+    finally:
+        bar.close()
+    figures = _torch_figures(capture, options, grid, samples, peaks)
+    meta_runtimes = rts.meta(capture, figures, run_samples, grid, options.batch_max)
+    root = _fill(capture.tree, options, figures, rts.unsupported)
+    assert isinstance(root, Series)
+    meta = _meta(capture, options, grid, meta_runtimes, started)
+    return Profile(batch_max=options.batch_max, root=root, meta=meta)
+
+
+@dataclass
+class _Runtimes:
+    """The runtimes a profile measures: a runner per runtime (None: torch's own), ONNX
+    Runtime's profiling state when it can run the model, and why units or it cannot."""
+
+    runners: dict[str, UnitRunner | None]
+    ort: Any = None  # planner.profiling.ort's prepared state
+    profiled: list[Any] = field(default_factory=list)  # its sessions with its own profiler on
+    unsupported: dict[str, dict[str, str]] = field(default_factory=dict)
+    unavailable: str = ""
+
+    @classmethod
+    def of(cls, capture: Capture, options: ProfileOptions, inputs: dict[int, torch.Tensor],
+           grid: list[int]) -> _Runtimes:
+        rts = cls({runtimes.TORCH: None})
+        if runtimes.ONNXRUNTIME not in options.runtimes:
+            return rts
         from planner.profiling import ort as ort_profiling  # onnx and onnxruntime: only here
 
         checks = [inputs[grid[0]], inputs[grid[min(2, len(grid) - 1)]]]
         prepared = ort_profiling.prepare(capture, checks)
         if isinstance(prepared, str):
-            unavailable = prepared
-        else:
-            ort = prepared
-            unsupported[runtimes.ONNXRUNTIME] = dict(ort.unsupported)
-            runners[runtimes.ONNXRUNTIME] = ort.runner()
-    timer = PassTimer(device)
-    samples: dict[str, dict[str, dict[int, list[float]]]] = {rt: {} for rt in runners}
+            rts.unavailable = prepared
+            return rts
+        rts.ort = prepared
+        rts.unsupported[runtimes.ONNXRUNTIME] = dict(prepared.unsupported)
+        rts.runners[runtimes.ONNXRUNTIME] = prepared.runner()
+        rts.profiled = prepared.profiled_sessions()
+        return rts
+
+    def meta(self, capture: Capture, figures: dict[str, _Figures],
+             run_samples: dict[int, list[list[float]]], grid: list[int], batch_max: int
+             ) -> dict[str, Any]:
+        """``meta.runtimes``: each runtime's version, and ONNX Runtime's call costs and runs
+        (its figures added to ``figures``), or why it is not used."""
+        out: dict[str, Any] = {runtimes.TORCH: {"version": torch.__version__}}
+        if self.ort is not None:
+            try:
+                out[runtimes.ONNXRUNTIME] = _ort_figures(self.ort, self.profiled, figures,
+                                                         run_samples, grid, batch_max)
+            except ProfileError as exc:  # its memory unknown, its plans could overrun: torch runs
+                log.warning("%s: ONNX Runtime is not used: %s", capture.model.spec.name, exc)
+                self.unavailable = str(exc)
+                del figures[runtimes.ONNXRUNTIME]
+                self.unsupported.pop(runtimes.ONNXRUNTIME, None)
+        if self.unavailable:
+            out[runtimes.ONNXRUNTIME] = {"unavailable": self.unavailable}
+        return out
+
+
+def _timed_passes(capture: Capture, options: ProfileOptions, grid: list[int],
+                  inputs: dict[int, torch.Tensor], rts: _Runtimes, passed: Callable[[], Any]
+                  ) -> tuple[dict[str, dict[str, dict[int, list[float]]]], dict[int, list[list[float]]]]:
+    """Warm-up and timed passes, round-robin over batch sizes and runtimes: every region's
+    seconds per runtime, name and batch size, and ONNX Runtime's runs' seconds per batch size."""
+    timer = PassTimer(capture.model.device)
+    samples: dict[str, dict[str, dict[int, list[float]]]] = {rt: {} for rt in rts.runners}
     run_samples: dict[int, list[list[float]]] = {}
-    profiled = ort.profiled_sessions() if ort is not None else []
-    passes = (options.warmup + options.repeats) * len(grid) * len(runners)
-    per_pass = len(layers)  # the bar counts unit runs: units x batch sizes x repeats
-    bar = tqdm(total=(passes + len(grid)) * per_pass, desc=f"profiling {capture.model.spec.name}",
-               unit="unit", disable=not progress, leave=False)
-    try:
-        with torch.inference_mode():
-            for k in range(options.warmup + options.repeats):
-                for b in grid:
-                    for rt, runner in runners.items():
-                        timer.start()
-                        with MODULE_GATE.running():  # per pass: a trace elsewhere waits one pass
-                            run_node(capture, capture.tree, inputs[b], timer, runner=runner)
-                        for name, seconds in timer.results().items():
-                            if k >= options.warmup:
-                                samples[rt].setdefault(name, {}).setdefault(b, []).append(seconds)
-                        bar.update(per_pass)
-                    if ort is not None and ort.runs:
-                        with MODULE_GATE.running():
-                            ort.run_pass(inputs[b])  # timed as served: a plan's calls
-                            seconds = ort.run_pass(inputs[b])  # run back to back
-                            ort.run_pass(inputs[b], profiled, counted=k >= options.warmup)
-                        if k >= options.warmup:
-                            run_samples.setdefault(b, []).append(seconds)
-            peaks: dict[str, dict[int, int]] = {}
-            if device.type == "cuda":
-                for b in grid:
-                    cuda = CudaPeaks(device)
-                    with MODULE_GATE.running():
-                        run_node(capture, capture.tree, inputs[b], cuda)
-                    for name, peak in cuda.peaks.items():
-                        peaks.setdefault(name, {})[b] = peak
-                    bar.update(per_pass)
-            else:
-                def body(region: Callable[[str], Any]) -> None:
-                    for b in grid:
-                        with MODULE_GATE.running():
-                            run_node(capture, capture.tree, inputs[b],
-                                     lambda name: region(f"{name}|{b}"))
-                        bar.update(per_pass)
-                for label, peak in cpu_memory_regions(body).items():
-                    name, b = label.rsplit("|", 1)
-                    peaks.setdefault(name, {})[int(b)] = peak
-    except torch.cuda.OutOfMemoryError as exc:  # = torch.OutOfMemoryError (torch >= 2.5)
-        raise ProfileError(f"out of memory running batch {options.batch_max} on {device}: "
-                           "profile with a smaller --batch-max") from exc
-    finally:
-        bar.close()
-    granule = granule_for(device.type)
+    ort = rts.ort
+    for k in range(options.warmup + options.repeats):
+        counted = k >= options.warmup
+        for b in grid:
+            for rt, runner in rts.runners.items():
+                timer.start()
+                with MODULE_GATE.running():  # per pass: a trace elsewhere waits one pass
+                    run_node(capture, capture.tree, inputs[b], timer, runner=runner)
+                results = timer.results()
+                if counted:
+                    for name, seconds in results.items():
+                        samples[rt].setdefault(name, {}).setdefault(b, []).append(seconds)
+                passed()
+            if ort is not None and ort.runs:
+                with MODULE_GATE.running():
+                    ort.run_pass(inputs[b])  # timed as served: a plan's calls
+                    seconds = ort.run_pass(inputs[b])  # run back to back
+                    ort.run_pass(inputs[b], rts.profiled, counted=counted)
+                if counted:
+                    run_samples.setdefault(b, []).append(seconds)
+    return samples, run_samples
+
+
+def _peaks(capture: Capture, grid: list[int], inputs: dict[int, torch.Tensor],
+           passed: Callable[[], Any]) -> dict[str, dict[int, int]]:
+    """Every region's peak memory per batch size: CUDA's allocator statistics, or the torch
+    profiler's memory events on the CPU."""
+    peaks: dict[str, dict[int, int]] = {}
+    if capture.model.device.type == "cuda":
+        for b in grid:
+            cuda = CudaPeaks(capture.model.device)
+            with MODULE_GATE.running():
+                run_node(capture, capture.tree, inputs[b], cuda)
+            for name, peak in cuda.peaks.items():
+                peaks.setdefault(name, {})[b] = peak
+            passed()
+        return peaks
+
+    def body(region: Callable[[str], Any]) -> None:
+        for b in grid:
+            with MODULE_GATE.running():
+                run_node(capture, capture.tree, inputs[b], lambda name: region(f"{name}|{b}"))
+            passed()
+
+    for label, peak in cpu_memory_regions(body).items():
+        name, b = label.rsplit("|", 1)
+        peaks.setdefault(name, {})[int(b)] = peak
+    return peaks
+
+
+def _torch_figures(capture: Capture, options: ProfileOptions, grid: list[int],
+                   samples: dict[str, dict[str, dict[int, list[float]]]],
+                   peaks: dict[str, dict[int, int]]) -> dict[str, _Figures]:
+    """Median times per runtime, and torch's workspaces: what a unit needs at its peak beyond
+    its own output (its input was held), the output counted as the allocator rounds it, as
+    the executor's walk counts it."""
+    blocks = [n for n in iter_nodes(capture.tree) if isinstance(n, Parallel)]
     figures: dict[str, _Figures] = {}
-    for rt in runners:
+    for rt, per_name in samples.items():
         times = {name: {b: statistics.median(ts) for b, ts in per.items()}
-                 for name, per in samples[rt].items()}
+                 for name, per in per_name.items()}
         for block in blocks:  # a block with only identity branches folds nothing timed
             times.setdefault(block.name, {b: 0.0 for b in grid})
         figures[rt] = _Figures(times, {})
-    # Workspace = what the unit needs at its peak beyond its own output (its input was held),
-    # the output counted as the allocator rounds it, as the executor's walk counts it.
+    granule = granule_for(capture.model.device.type)
     figures[runtimes.TORCH].ws.update({
         n.name: fill_workspace({b: max(0, p - allocation(n.out_bytes * b, granule))
                                 for b, p in peaks.get(n.name, {b: 0 for b in grid}).items()},
-                               options.batch_max) for n in layers})
-    meta_runtimes: dict[str, Any] = {runtimes.TORCH: {"version": torch.__version__}}
-    if ort is not None:
-        try:
-            meta_runtimes[runtimes.ONNXRUNTIME] = _ort_figures(ort, profiled, figures,
-                                                               run_samples, grid, options.batch_max)
-        except ProfileError as exc:  # its memory unknown, its plans could overrun: torch runs
-            log.warning("%s: ONNX Runtime is not used: %s", capture.model.spec.name, exc)
-            unavailable = str(exc)
-            del figures[runtimes.ONNXRUNTIME]
-            unsupported.pop(runtimes.ONNXRUNTIME, None)
-    if unavailable:
-        meta_runtimes[runtimes.ONNXRUNTIME] = {"unavailable": unavailable}
-    root = _fill(capture.tree, options, figures, unsupported)
-    assert isinstance(root, Series)
+                               options.batch_max) for n in iter_layers(capture.tree)})
+    return figures
+
+
+def _meta(capture: Capture, options: ProfileOptions, grid: list[int],
+          meta_runtimes: dict[str, Any], started: float) -> dict[str, Any]:
+    """The profile's ``meta``: what was measured, how, on what, and its fingerprint."""
+    device = capture.model.device
     spec = capture.model.spec
-    meta = {
+    return {
         "model": spec.name, "input_shape": list(capture.input_shape), "dtype": spec.dtype,
         "device": device.type, "device_name": device_name(device), "torch": torch.__version__,
         "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
         "batch_sizes_measured": grid, "interpolated": options.grid, "repeats": options.repeats,
         "warmup": options.warmup, "threads": torch.get_num_threads(),
-        "units": len(layers), "parallel_blocks": len(blocks), "alloc_granule": granule,
+        "units": len(list(iter_layers(capture.tree))),
+        "parallel_blocks": sum(isinstance(n, Parallel) for n in iter_nodes(capture.tree)),
+        "alloc_granule": granule_for(device.type),
         "runtime": options.runtime, "runtimes": meta_runtimes,
         "fingerprint": fingerprint(capture, options),
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "elapsed_s": round(time.perf_counter() - started, 2),
     }
-    return Profile(batch_max=options.batch_max, root=root, meta=meta)
 
 
 def cached_profile(capture: Capture, options: ProfileOptions, cache_dir: Path,
