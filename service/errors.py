@@ -43,43 +43,29 @@ log = logging.getLogger("vbs.service")
 class RequestError(UsageError):
     """A request body, field or parameter is not valid (400)."""
 
-    status = 400
-
 
 class PayloadTooLargeError(RequestError):
     """The body or the number of samples is over the configured limit (413)."""
-
-    status = 413
 
 
 class UnsupportedMediaError(RequestError):
     """The endpoint does not read this Content-Type (415)."""
 
-    status = 415
-
 
 class ModelNotFoundError(UsageError):
     """No model is served under the name asked for (404)."""
-
-    status = 404
 
 
 class AssetNotFoundError(UsageError):
     """The page has no file of that name (404)."""
 
-    status = 404
-
 
 class AuthError(UsageError):
     """The API key is missing or wrong (401)."""
 
-    status = 401
-
 
 class UnavailableError(VbsError):
     """The service cannot take the request now; retry after ``retry_after`` seconds (503)."""
-
-    status = 503
 
     def __init__(self, message: str, retry_after: int = 1) -> None:
         super().__init__(message)
@@ -88,8 +74,6 @@ class UnavailableError(VbsError):
 
 class RequestTimeoutError(VbsError):
     """The request was queued and run for longer than the configured timeout (504)."""
-
-    status = 504
 
 
 class ErrorBody(BaseModel):
@@ -114,16 +98,20 @@ def field_error(field: str, problem: str, cls: type[RequestError] = RequestError
     return cls(f"{field}: {problem}")
 
 
+# The one translation of the exception tree into HTTP statuses (the tree in the module doc):
+# an exception is answered with the status of the first of its classes found here.
+STATUS: dict[type[BaseException], int] = {
+    PayloadTooLargeError: 413, UnsupportedMediaError: 415, RequestError: 400,
+    ModelNotFoundError: 404, AssetNotFoundError: 404, AuthError: 401,
+    UnavailableError: 503, RequestTimeoutError: 504,
+    InfeasibleError: 503, OutOfMemoryError: 503, StoreError: 503,
+    UsageError: 400, PlanError: 400,
+}
+
+
 def status_of(exc: BaseException) -> int:
-    """The HTTP status an exception is answered with."""
-    status = getattr(exc, "status", None)
-    if isinstance(status, int):
-        return status
-    if isinstance(exc, (InfeasibleError, OutOfMemoryError, StoreError)):
-        return 503
-    if isinstance(exc, (UsageError, PlanError)):
-        return 400
-    return 500
+    """The HTTP status an exception is answered with (``STATUS``; anything else is 500)."""
+    return next((STATUS[cls] for cls in type(exc).__mro__ if cls in STATUS), 500)
 
 
 def error_response(exc: BaseException) -> JSONResponse:

@@ -14,12 +14,13 @@ compute input, compute infer, compute output, as Triton's perf_analyzer reports 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 import orjson
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
@@ -30,7 +31,7 @@ from starlette.responses import Response
 from service.settings import Settings
 from service import codecs
 from service.batcher import Outcome
-from service.deps import InferQuery
+from service.deps import InferQuery, inference_call, release_ticket
 from service.errors import PayloadTooLargeError, UnsupportedMediaError, field_error
 from service.media import IMAGE_TYPES, MULTIPART, NPY_TYPES, RAW_TYPES, is_json_type, media_type
 from service.registry import ModelEntry, Registry
@@ -40,6 +41,7 @@ SUPPORTED = "application/json, application/x-npy, application/octet-stream, " \
 INLINE_DECODE_BYTES = 2 * 2**20  # binary bodies up to this are decoded on the event loop
 V2_FIELD = "inputs[0].data"
 T = TypeVar("T")  # where an OIP v2 request carries its samples
+Q = TypeVar("Q", bound=BaseModel)  # a route's query parameters
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,23 @@ def _check_top_k(entry: ModelEntry, k: int | None) -> int | None:
     if k > shape[0]:
         raise field_error("top_k", f"{k} is more than the {shape[0]} classes of {entry.name}")
     return k
+
+
+async def answer(request: Request, endpoint: str, query: type[Q], model: str | None,
+                 decode: Callable[[bytes, Q], Awaitable[Decoded]],
+                 respond: Callable[[Decoded, Outcome], Response]) -> Response:
+    """An inference route's whole answer: the call checked and its body read
+    (``service.deps.inference_call``), decoded, held under the memory limit, run, answered;
+    what the request held is given back however it ends. ``endpoint`` labels its metrics."""
+    request.state.vbs_endpoint = endpoint
+    try:
+        parsed, body = await inference_call(request, query, model)
+        decoded = await decode(body, parsed)
+        hold(request, body, decoded)
+        outcome = await run(decoded, request.state)
+        return respond(decoded, outcome)
+    finally:
+        release_ticket(request)
 
 
 async def decode_infer(request: Request, body: bytes, query: InferQuery) -> Decoded:

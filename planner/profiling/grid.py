@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 
 def batch_grid(batch_max: int, grid: bool) -> list[int]:
@@ -27,29 +28,31 @@ def batch_grid(batch_max: int, grid: bool) -> list[int]:
     return sorted(points)
 
 
-def fill_time(measured: Mapping[int, float], batch_max: int) -> list[float]:
-    """Total time for every b = 1..B, linear between measured points."""
+def _fill(measured: Mapping[int, Any], batch_max: int,
+          between: Callable[[int, int, int], Any]) -> list[Any]:
+    """A value for every b = 1..B: the measured one, else ``between(lo, b, hi)`` of the
+    measured batch sizes on either side."""
     xs = sorted(measured)
     out = []
     for b in range(1, batch_max + 1):
         if b in measured:
-            out.append(float(measured[b]))
+            out.append(measured[b])
             continue
         i = bisect.bisect_left(xs, b)
-        lo, hi = xs[i - 1], xs[i]
-        w = (b - lo) / (hi - lo)
-        out.append(float(measured[lo] * (1 - w) + measured[hi] * w))
+        out.append(between(xs[i - 1], b, xs[i]))
     return out
+
+
+def fill_time(measured: Mapping[int, float], batch_max: int) -> list[float]:
+    """Total time for every b = 1..B, linear between measured points."""
+    def linear(lo: int, b: int, hi: int) -> float:
+        w = (b - lo) / (hi - lo)
+        return measured[lo] * (1 - w) + measured[hi] * w
+
+    return [float(v) for v in _fill(measured, batch_max, linear)]
 
 
 def fill_workspace(measured: Mapping[int, int], batch_max: int) -> list[int]:
     """Workspace for every b = 1..B: measured, or the larger measured neighbour."""
-    xs = sorted(measured)
-    out = []
-    for b in range(1, batch_max + 1):
-        if b in measured:
-            out.append(int(measured[b]))
-            continue
-        i = bisect.bisect_left(xs, b)
-        out.append(int(max(measured[xs[i - 1]], measured[xs[i]])))
-    return out
+    return [int(v) for v in _fill(measured, batch_max,
+                                  lambda lo, b, hi: max(measured[lo], measured[hi]))]

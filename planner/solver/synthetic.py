@@ -72,14 +72,10 @@ def googlenet_like(batch_max: int = 32, seed: int = 0) -> Profile:
                                   fl * c5 * 9, ws_per_sample=_act(r5, hw, hw) * 9 // 8)))
         branches.append(br(_layer(rng, f"inc{tag}_pool", cur, cur, B, 1e6),
                            _layer(rng, f"inc{tag}_proj", cur, _act(pp, hw, hw), B, fl * pp)))
-        nodes.append({"kind": "parallel", "name": f"inc{tag}", "in": cur, "out": out,
-                      "join": "cat", "branches": branches,
-                      "time": [round(2e-6 * b, 9) for b in range(1, B + 1)]})
+        nodes.append(_block(f"inc{tag}", cur, out, "cat", branches, B, 2e-6))
         cur = out
-    nodes.append(_layer(rng, "avgpool", cur, _act(1024, 1, 1), B, 1e6))
-    nodes.append(_layer(rng, "fc", _act(1024, 1, 1), _act(1000, 1, 1), B, 2e6))
-    return profile_from_json({"batch_max": B, "meta": {"model": "googlenet-like", "fingerprint":
-                              f"synthetic-googlenet-{B}-{seed}"}, "root": nodes})
+    return _with_head(rng, nodes, cur, 1024, B, 2e6, "googlenet-like",
+                      f"synthetic-googlenet-{B}-{seed}")
 
 
 def resnet50_like(batch_max: int = 32, seed: int = 0) -> Profile:
@@ -109,14 +105,26 @@ def resnet50_like(batch_max: int = 32, seed: int = 0) -> Profile:
                     _layer(rng, f"{tag}.downsample", cur, out, B, fl * outc)]}
             else:
                 short = {"kind": "series", "name": f"{tag}.identity", "children": []}
-            nodes.append({"kind": "parallel", "name": tag, "in": cur, "out": out, "join": "add",
-                          "branches": [main, short],
-                          "time": [round(1e-6 * b, 9) for b in range(1, B + 1)]})
+            nodes.append(_block(tag, cur, out, "add", [main, short], B, 1e-6))
             cur = out
-    nodes.append(_layer(rng, "avgpool", cur, _act(2048, 1, 1), B, 1e6))
-    nodes.append(_layer(rng, "fc", _act(2048, 1, 1), _act(1000, 1, 1), B, 4e6))
-    return profile_from_json({"batch_max": B, "meta": {"model": "resnet50-like", "fingerprint":
-                              f"synthetic-resnet50-{B}-{seed}"}, "root": nodes})
+    return _with_head(rng, nodes, cur, 2048, B, 4e6, "resnet50-like",
+                      f"synthetic-resnet50-{B}-{seed}")
+
+
+def _block(name: str, cur: int, out: int, join: str, branches: list[dict[str, Any]], B: int,
+           fold_s: float) -> dict[str, Any]:
+    """A parallel block whose folds take ``fold_s`` seconds per sample."""
+    return {"kind": "parallel", "name": name, "in": cur, "out": out, "join": join,
+            "branches": branches, "time": [round(fold_s * b, 9) for b in range(1, B + 1)]}
+
+
+def _with_head(rng: random.Random, nodes: list[dict[str, Any]], cur: int, channels: int, B: int,
+               fc_flops: float, model: str, fingerprint: str) -> Profile:
+    """The nodes with a global pool and a 1000-class classifier after them, as a profile."""
+    nodes.append(_layer(rng, "avgpool", cur, _act(channels, 1, 1), B, 1e6))
+    nodes.append(_layer(rng, "fc", _act(channels, 1, 1), _act(1000, 1, 1), B, fc_flops))
+    return profile_from_json({"batch_max": B, "meta": {"model": model, "fingerprint": fingerprint},
+                              "root": nodes})
 
 
 def chain_like(n_units: int = 150, batch_max: int = 32, seed: int = 0) -> Profile:

@@ -13,7 +13,7 @@ from fastapi.responses import Response
 from service import serving
 from service.codecs import InferBody
 from service.fast.route import LeanRoute
-from service.deps import InferQuery, inference_call, lean_openapi, release_ticket
+from service.deps import InferQuery, lean_openapi
 from service.errors import error_responses
 
 router = APIRouter(tags=["inference"], route_class=LeanRoute)
@@ -52,12 +52,6 @@ _ERRORS = error_responses({
 @router.post("/infer", openapi_extra=lean_openapi(InferQuery, _BODY), responses=_ERRORS,
              summary="Run samples through a model with the plan for the memory free now")
 async def post_infer(request: Request) -> Response:
-    request.state.vbs_endpoint = "infer"
-    try:
-        query, body = await inference_call(request, InferQuery)
-        decoded = await serving.decode_infer(request, body, query)
-        serving.hold(request, body, decoded)
-        outcome = await serving.run(decoded, request.state)
-        return serving.infer_response(decoded, outcome)
-    finally:
-        release_ticket(request)
+    return await serving.answer(request, "infer", InferQuery, None,
+                                lambda body, query: serving.decode_infer(request, body, query),
+                                serving.infer_response)

@@ -12,11 +12,10 @@ from fastapi.responses import JSONResponse, Response
 
 from service import codecs, serving
 from service.fast.route import LeanRoute
-from service.deps import (NoQuery, RegistryDep, inference_call, lean_openapi,
-                          release_ticket)
+from service.deps import NoQuery, RegistryDep, lean_openapi
 from service.errors import BAD_REQUEST, NO_MODEL, NOT_READY, error_responses
 from service.registry import ModelEntry
-from service.routers.health import readiness
+from service.routers import health
 
 router = APIRouter(prefix="/v2", tags=["open inference protocol v2"])
 SERVER_NAME = "vbs-serve"
@@ -56,11 +55,9 @@ async def get_live() -> dict[str, bool]:
     return {"live": True}
 
 
-@router.get("/health/ready", summary="Readiness: every model and its table loaded",
-            responses=error_responses(NOT_READY))
-async def get_ready(request: Request, registry: RegistryDep) -> JSONResponse:
-    request.state.vbs_endpoint = "health"
-    return readiness(registry)
+router.add_api_route("/health/ready", health.get_ready, methods=["GET"],
+                     summary="Readiness: every model and its table loaded",
+                     responses=error_responses(NOT_READY))
 
 
 @router.get("/models/{name}", summary="Model metadata",
@@ -82,15 +79,9 @@ async def get_model_ready(name: str, registry: RegistryDep) -> JSONResponse:
 async def post_model_infer(request: Request, name: str) -> Response:
     """A ``LeanRoute``: declares only the request and the path (see
     ``service.routers.inference``)."""
-    request.state.vbs_endpoint = "v2_infer"
-    try:
-        _, body = await inference_call(request, NoQuery, name)
-        decoded = await serving.decode_v2(request, name, body)
-        serving.hold(request, body, decoded)
-        outcome = await serving.run(decoded, request.state)
-        return serving.v2_response(decoded, outcome)
-    finally:
-        release_ticket(request)
+    return await serving.answer(request, "v2_infer", NoQuery, name,
+                                lambda body, _: serving.decode_v2(request, name, body),
+                                serving.v2_response)
 
 
 router.add_api_route(
