@@ -7,8 +7,8 @@ For each model and batch size b (random weights, 3x224x224, torch's default thre
 ``model(x)`` and ``workers.executor.execute`` running the uniform program (every unit and
 block of the captured tree on all b samples, the plan every table holds for one sample and
 the fbs plan of b), interleaved in one process, ``--rounds`` times after two warm-up rounds;
-medians, their ratio, and the spread of the ratio over the rounds (this machine's runs differ
-by 8-16%). Outputs are compared too (bit-exact is expected: every unit at the whole batch).
+medians, their ratio, and the spread of the ratio over the rounds (runs differ from run to
+run, so one ratio alone says little). Outputs are compared too (bit-exact is expected: every unit at the whole batch).
 
 ``--tree DIR`` imports ``planner`` and ``workers`` from another checkout, such as a
 ``git worktree add /tmp/before <commit>`` of an earlier commit, to compare executors with the

@@ -33,8 +33,8 @@ def run_unit(capture: Capture, unit: Layer, x: torch.Tensor, *, in_place: bool =
     A unit whose output is a view of its input (ShuffleNet's channel split; an in-place op on
     the input computes a new tensor since capture, see ``write_new_tensors``) gets it copied:
     the executor's walk counts a new output buffer and frees the input's chunk once its
-    samples are taken, but a view would pin that whole chunk for as long as the output lives
-    (measured on resnet50: 1.9 MB above the table's claim, past the budget)."""
+    samples are taken, but a view would pin that whole chunk for as long as the output lives,
+    above the table's claim."""
     ran = capture.units[unit.name]
     if in_place and ran.in_place is not None:
         return ran.in_place(x)

@@ -39,8 +39,9 @@ class Unit:
     ``call`` runs it: for a unit that is a chain of modules (a convolution, its BatchNorm and
     its activation: almost every unit), the modules one after the other, as the model's own
     ``nn.Sequential`` calls them; else the GraphModule's ``forward``. Calling the GraphModule
-    itself costs its wrapper and a ``getattr`` per level of every module path: measured on
-    mobilenet_v2 at one sample, 1.2 of the executor's 2.4 ms above ``model(x)``."""
+    itself costs its wrapper and a ``getattr`` per level of every module path, on every step:
+    about half of what the executor adds to ``model(x)`` on one sample (docs/benchmarks.md,
+    section 5)."""
 
     name: str
     module: fx.GraphModule

@@ -10,7 +10,8 @@ has less now, never raised while leases live.
 Shares (``mode``): ``arbiter`` divides the budget from the tables by demand (a knapsack over
 each model's time per sample against memory, ``workers.shares``), recomputed only when a
 demand level, a table or the budget changes; ``static``, equal shares by weight; ``none``,
-no enforcement (leases recorded, overcommits counted: the behaviour before the arbiter). A
+no enforcement (leases recorded, overcommits counted: every model plans for all the free
+memory). A
 batch that cannot get its share takes a smaller plan that fits what is free (a step-down) or
 waits in one FIFO line per device, so nothing starves; it gives up with LeaseTimeoutError only
 after its timeout. A batch whose one-sample plan needs more than is free fails at once

@@ -130,7 +130,7 @@ class TorchBackend:
 def _uniform(capture: Capture, steps: tuple[Step, ...], samples: int) -> bool:
     """Whether ``steps`` run every unit and block of the tree once, in order, on all samples,
     on torch: then the reference runner does exactly what the walk would, without its
-    bookkeeping (measured: 1.1 ms of a 13 ms mobilenet_v2 pass on one sample)."""
+    bookkeeping, a visible share of a one-sample pass (docs/benchmarks.md, section 5)."""
     order = capture.uniform_order
     return (len(steps) == len(order) and all(step.samples == samples for step in steps)
             and all(step.unit == name and step.runtime in ("", TORCH)

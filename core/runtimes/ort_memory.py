@@ -7,9 +7,9 @@ through ``/proc/self/clear_refs``) while the unit runs once, its input and outpu
 resident. That needs every allocation to be its own mapping, returned when freed, so it runs
 in a child process with glibc's mmap threshold at one page and the session without its arena
 (the memory pattern, one block for the activations inside, as served). Exact to the page per
-allocation (4 KiB), but what a call takes varies from call to call (how its threads split the
-work and when each frees its scratch): by a few percent on large units, and by up to about
-200 KiB on small ones, whatever their size, in the same process and between processes. So the
+allocation (one page), but what a call takes varies from call to call (how its threads split
+the work and when each frees its scratch): in proportion on large units, and by a roughly
+constant amount on small ones, in the same process and between processes. So the
 workspace is the most of ``repeats`` calls plus ``MARGIN`` of it plus ``SLACK``, so that a
 call does not take more than it says (tests/core/test_runtimes.py checks that in real
 plans, in another process). Tensors smaller than a page come from the heap, where RSS cannot

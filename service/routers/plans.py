@@ -3,10 +3,10 @@
 Without ``mem`` the budget is the model's share of the device's memory now (the memory
 arbiter's, ``memory_source: "share (arbiter)"``), and the answer lists every model's share.
 
-The answer is lookups in the stored tables (``service.explain``: bounded work, about half a
-millisecond for resnet50's five tables, so it runs on the event loop rather than paying a
-thread hop), encoded with orjson: FastAPI's generic encoder took 17 ms for the same answer,
-thirty times the lookups themselves. Only reading the memory free now goes to a thread.
+The answer is lookups in the stored tables (``service.explain``: bounded work, so it runs on
+the event loop rather than paying a thread hop), encoded with orjson, since FastAPI's generic
+encoder costs many times the lookups themselves on an answer this size. Only reading the
+memory free now goes to a thread.
 """
 
 from __future__ import annotations
