@@ -3,7 +3,7 @@
 A GPU machine is lent now and then, for minutes, with no package registry. So the run is a
 few steps, each a device call of its own that installs the project from carried wheels and
 leaves its results as JSON in out/gpu/ (and in the device tool's $OUT): ``tests`` (pytest -m
-gpu, the planner and workers suites), ``profile`` (vbs profile of the paper's models, float32
+gpu, the core, planner and workers suites), ``profile`` (vbs profile of the paper's models, float32
 and float16), ``bench`` (vbs bench of every strategy against budgets, with the paper's Table
 II beside it), ``energy`` (tables planned for energy beside tables for time, from NVML),
 ``serve`` (vbs serve under vbs loadtest with vbs and fbs-best tables while another process

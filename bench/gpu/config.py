@@ -72,7 +72,7 @@ class Config:
     benches: tuple[Run, ...]
     energy: tuple[Run, ...]
     serve: Serve
-    full_suites: bool                 # the planner and workers suites run (else only collected)
+    full_suites: bool                 # the core, planner and workers suites run (else only collected)
     energy_window_ticks: float = 5.0
     energy_min_window_s: float = 0.05
     runtime: str = RUNTIME

@@ -1,4 +1,4 @@
-"""Step ``tests``: the tests marked ``gpu``, then the planner and workers suites.
+"""Step ``tests``: the tests marked ``gpu``, then the core, planner and workers suites.
 
 On CUDA every ``gpu`` test must pass and none may be skipped (a skip there means a GPU path did
 not run). On the CPU they run up to their CUDA call and skip there, with a reason that starts
@@ -18,8 +18,8 @@ from typing import Any
 from bench.gpu.config import Config
 from bench.gpu.record import Deadline, Record, run
 
-GPU_PATHS = ("tests/gpu", "tests/planner", "tests/workers")
-SUITES = ("tests/planner", "tests/workers")
+GPU_PATHS = ("tests/gpu", "tests/core", "tests/planner", "tests/workers")
+SUITES = ("tests/core", "tests/planner", "tests/workers")
 CUDA_ONLY = "CUDA only:"
 
 
