@@ -1,7 +1,7 @@
 """The fast path: the inference routes served with fewer of the framework's layers, fenced here.
 
 What it does (``VBS_FAST_PATH``, default true; false serves the same routes through plain
-FastAPI routes and stock uvicorn, and answers the same: tests/service/test_fast_path.py):
+FastAPI routes and stock uvicorn, and answers the same: tests/service/fast/test_fast_path.py):
 
 - ``app``       ``FastPathApp``: FastAPI whose ``LeanRoute`` POST routes are matched first and
                 run in a stack built from the app's own middleware and exception handlers.
