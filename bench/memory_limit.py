@@ -11,7 +11,9 @@ with the tables of a `vbs plan` run beforehand outside the limit (``--store``: p
 profiles every layer, which a pod does once, elsewhere); ``triton-ort-B`` is the
 ``tritonserver`` binary of nvidia-pytriton with its dynamic batcher at ``max_batch_size`` B
 feeding ONNX Runtime in its Python backend, with its defaults (``bench/peers_triton.py``), the
-same weights exported once.
+same weights exported once. vbs-serve's own request timeout is the clients' (``--timeout``):
+Triton has none, and a 504 after vbs-serve's default 30 s would count as lost while the client
+still waits.
 
 The load, the same for every server: bursts of C concurrent clients (``--clients``), each
 sending ``--requests`` requests one after the other, each of 1 to 16 samples (drawn with a fixed
@@ -66,7 +68,8 @@ def start(config: str, args: argparse.Namespace, group: MemoryGroup, port: int,
           log: Path) -> tuple[subprocess.Popen[bytes], str, str, int]:
     """One server inside ``group``: (process, path, format, largest request it takes)."""
     join = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group.path)]
-    env = {**os.environ, "VBS_CACHE_DIR": args.cache_dir, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "VBS_CACHE_DIR": args.cache_dir, "PYTHONPATH": str(ROOT),
+           "VBS_REQUEST_TIMEOUT_S": str(args.timeout)}  # as long as its clients wait
     shape = ",".join(map(str, args.shape))
     if config == "vbs":
         cmd = [args.vbs_python, "-c", "from service.commands import main; main()", "serve",

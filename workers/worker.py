@@ -158,7 +158,8 @@ class Worker:
         if self.ort is None:
             from core.runtimes.onnxrt import OrtUnits  # onnxruntime: only where plans use it
 
-            self.ort = OrtUnits(self.capture, spin=self.ort_spin, max_sessions=self.ort_sessions)
+            self.ort = OrtUnits(self.capture, spin=self.ort_spin, max_sessions=self.ort_sessions,
+                                room=self.probe.free)
         free = table.top_bytes if free is None else free
         tree = TreeIndex(self.capture.tree)
         for r in range(1, table.batch_max + 1):
@@ -169,7 +170,11 @@ class Worker:
             steps = table.program(index).steps
             for start, end in table.plans[index].runs:
                 nodes = tree.run_nodes(steps, start, end)
-                self.ort.prepare(nodes[0].name, nodes[-1].name)
+                try:
+                    self.ort.prepare(nodes[0].name, nodes[-1].name)
+                except OutOfMemoryError as exc:  # made when it first runs, if memory allows
+                    log.info("%s: sessions not made ahead: %s", self.name, exc)
+                    return
 
     @property
     def batch_max(self) -> int:

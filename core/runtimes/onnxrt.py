@@ -3,7 +3,8 @@
 A run (consecutive children of one series, at one batch size) is composed from the units'
 ONNX graphs (``core.runtimes.onnx_graphs``) and gets a session the first time it runs;
 sessions are kept by run, the least recently used given back beyond ``max_sessions``
-(`VBS_ORT_SESSIONS`): each holds a thread and its share of the arena. Inputs and outputs are
+(`VBS_ORT_SESSIONS`), and before a session is made while memory is short (``room``): each
+holds a thread and its own copies of its run's weights. Inputs and outputs are
 bound with I/O binding to the executor's own tensors, so ONNX Runtime allocates only what lives inside a run: the activations between
 its units and its kernels' scratch, which is the run's workspace in the model of memory.
 
@@ -21,15 +22,18 @@ switch applies to a session's own pool only, and a global pool spins on after ea
 
 from __future__ import annotations
 
+import gc
 import itertools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import torch
 
-from core.errors import ExecutionError
+from core.errors import ExecutionError, OutOfMemoryError
 from core.units import Capture
 from core.runtimes.onnx_graphs import CannotCompose, UnitGraphs, export_units
 from core.runs import TreeIndex
@@ -60,6 +64,15 @@ def _environment() -> None:
 # once it returns.
 SPIN = "session.intra_op.allow_spinning"
 STOP = "session.force_spinning_stop"
+# what making a session takes per byte of its graph's weights: the composed graph and its
+# serialized copy while it is made, then the weights, the copies its optimiser makes in its
+# own layouts, its plan (tests/workers/test_runtimes.py checks the bound)
+SESSION_GROWTH = 6
+
+
+def _weight_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of a graph's initializers."""
+    return sum(len(t.raw_data) or 4 * max(len(t.float_data), 0) for t in model.graph.initializer)
 
 
 def session_options(threads: int, *, arena: bool = True, spin: bool = True) -> ort.SessionOptions:
@@ -108,7 +121,7 @@ class OrtUnits:
 
     def __init__(self, capture: Capture, graphs: UnitGraphs | None = None,
                  threads: int | None = None, *, arena: bool = True, spin: bool = True,
-                 max_sessions: int = 128) -> None:
+                 max_sessions: int = 128, room: Callable[[], int] | None = None) -> None:
         why = unavailable(capture)
         if why:
             raise ExecutionError(f"{capture.model.spec.name}: ONNX Runtime cannot run it: {why}")
@@ -125,6 +138,7 @@ class OrtUnits:
         self._index = TreeIndex.of(capture.tree)
         self._dtype = _NUMPY[capture.model.torch_dtype]
         self._arena = arena
+        self._room = room  # bytes free now, read before a session is made (None: not read)
 
     def reason(self, node: Node) -> str:
         """Why ``node`` cannot run on ONNX Runtime ('' when it can)."""
@@ -154,13 +168,14 @@ class OrtUnits:
         with self._lock:
             found = self._runs.get(key)
             if found is None:
-                while len(self._runs) >= self.max_sessions:  # a call still running keeps its own
-                    del self._runs[min(self._runs, key=lambda k: self._runs[k].used)]
+                while len(self._runs) >= self.max_sessions:
+                    self._evict()
                 try:
                     model = self.graphs.compose(self.nodes(first, last))
                 except CannotCompose as exc:
                     raise ExecutionError(f"{self.capture.model.spec.name}: {first}..{last} cannot "
                                          f"run on ONNX Runtime: {exc}") from exc
+                self._make_room(first, last, SESSION_GROWTH * _weight_bytes(model))
                 session = ort.InferenceSession(model.SerializeToString(),
                                                session_options(self.threads, arena=self._arena,
                                                                spin=self.spin),
@@ -168,6 +183,26 @@ class OrtUnits:
                 found = self._runs[key] = _Run(session, threading.local())
             found.used = next(self._clock)
         return found
+
+    def _evict(self) -> None:
+        """Give back the least recently used session (a call still running keeps its own)."""
+        del self._runs[min(self._runs, key=lambda k: self._runs[k].used)]
+
+    def _make_room(self, first: str, last: str, need: int) -> None:
+        """Before a session is made: ``need`` bytes free (``room``), the least recently used
+        sessions given back until they are; else OutOfMemoryError (the worker tries a smaller
+        plan, the request gets 503): a session made beyond the memory free would be growth no
+        plan counts, and under a memory limit the kernel's kill."""
+        if self._room is None:
+            return
+        while self._room() < need and self._runs:
+            self._evict()
+            gc.collect()
+        free = self._room()
+        if free < need:
+            raise OutOfMemoryError(
+                f"{self.capture.model.spec.name}: ONNX Runtime's session for {first}..{last} "
+                f"needs about {need} bytes and {free} are free: a smaller plan, or more memory")
 
     def run(self, first: str, last: str, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Run ``first..last`` on ``x`` (contiguous) writing ``out`` (contiguous, allocated by

@@ -146,6 +146,43 @@ def test_sessions_beyond_the_bound_are_given_back_least_recently_used_first() ->
     torch.testing.assert_close(got, inputs[1][1], rtol=1e-4, atol=1e-4)
 
 
+def _rss_anon() -> int:
+    with open("/proc/self/status") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return int(fields["RssAnon"].split()[0]) * 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/self/status")
+def test_a_session_is_made_only_where_memory_allows_and_old_ones_go_first() -> None:
+    """Before a session is made, ``room`` must cover its SESSION_GROWTH x weights: the least
+    recently used sessions are given back until it does, else OutOfMemoryError (the worker's
+    smaller plan, a 503), never a session beyond the memory free."""
+    from core.errors import OutOfMemoryError
+    from core.runtimes.onnxrt import SESSION_GROWTH, OrtUnits, _weight_bytes
+
+    torch.manual_seed(0)
+    cap = capture(load_model(ModelSpec("resnet18", input_shape=(3, 32, 32))))
+    children = cap.tree.children
+    whole = (children[0].name, children[-1].name)
+    need = SESSION_GROWTH * _weight_bytes(
+        OrtUnits(cap).graphs.compose(children))  # resnet18: ~47 MB of weights
+    free = [10 * need]
+    units = OrtUnits(cap, room=lambda: free[0])
+    before = _rss_anon()
+    units.prepare(*whole)
+    grown = _rss_anon() - before
+    assert grown <= need, f"a session of {need // SESSION_GROWTH} weight bytes grew {grown}"
+    units.prepare(children[0].name, children[2].name)
+    assert units.sessions == 2
+    free[0] = 0  # short: every session is given back, and still short
+    with pytest.raises(OutOfMemoryError, match="needs about"):
+        units.prepare(children[3].name, children[-1].name)
+    assert units.sessions == 0
+    free[0] = need  # enough: made
+    units.prepare(*whole)
+    assert units.sessions == 1
+
+
 def test_a_unit_onnx_cannot_take_runs_on_torch_and_the_profile_says_why() -> None:
     worker, profile = _worker("tests.planner.factories:unexportable")
     units = {layer.name: layer for layer in iter_layers(profile.root)}
