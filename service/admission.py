@@ -12,7 +12,7 @@ what stays), after giving the allocator's free pages back (``malloc_trim``). A r
 admitted before its body is read, on its Content-Length: its estimated hold (``HOLD_FACTORS``)
 and a one-sample plan must fit in the ledger, and what is not in the group yet (bodies unread,
 plans not allocated) in the group's headroom read now; one that does not fit waits in line
-(FIFO, ``ADMIT_WAIT_S``), its body unread, then gets 503 with Retry-After; one that would not
+(FIFO, ``wait_s``: `VBS_ADMIT_WAIT_S`), its body unread, then gets 503 with Retry-After; one that would not
 fit even in an idle server gets 413 naming the limit at once. Plans may use what the ledger
 leaves, less a reserve for requests arriving meanwhile, and never more than the group's
 headroom read now (``plan_free``, the memory probe's source); a batch for which that is less
@@ -51,7 +51,6 @@ REBASE_S = 0.5           # the idle working set is read at most this often
 # the allocator round and keep what they were asked for, its sessions are made): a lease
 # counts this many times against the limit (docs/operations.md, "Sizing a memory limit")
 GROWTH = 2.0
-ADMIT_WAIT_S = 2.0       # a request waits in line this long for memory before 503
 POLL_S = 0.005           # the first in line re-reads the group this often
 
 
@@ -108,7 +107,7 @@ class Admission:
     """
 
     def __init__(self, leased: Callable[[], int], need: Callable[[str | None], int], *,
-                 margin: int = 0, wait_s: float = ADMIT_WAIT_S,
+                 margin: int = 0, wait_s: float,
                  read: Callable[[], CgroupMemory | None] = read_cgroup,
                  trim: Callable[[], None] | None = None) -> None:
         self._leased = leased

@@ -170,7 +170,8 @@ class Registry:
         # under a cgroup memory limit (CPU): what requests hold counts as the plans do
         self.admission = Admission(lambda: self.arbiters["cpu"].leased if "cpu" in self.arbiters
                                    else 0, self.one_sample_bytes,
-                                   margin=settings.memory_margin_bytes)
+                                   margin=settings.memory_margin_bytes,
+                                   wait_s=settings.admit_wait_s)
         if settings.device != "cpu":
             self.admission.active = False
         self.arbiter(settings.device)

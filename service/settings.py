@@ -90,6 +90,10 @@ class Settings(PlannerSettings):
                                     description="most memory a plan may use (bytes or 64MB); 0 = what is free")
     memory_margin_bytes: int = Field(default=0, ge=0,
                                      description="memory kept back from plans (bytes or 16MB)")
+    admit_wait_s: float = Field(default=2.0, ge=0, le=3600,
+                                description="under a memory limit, how long a request waits in "
+                                            "line, its body unread, for memory to free before "
+                                            "503 with Retry-After")
     memory_sharing: Literal["arbiter", "static", "none"] = Field(
         default="arbiter",
         description="how models on one device share its memory: arbiter (leases, shares from "
