@@ -36,7 +36,7 @@ from core.runs import TreeIndex
 from core.table import PlanTable, TablePlan
 from workers.arbiter import Arbiter, Lease
 from workers.executor import execute
-from workers.memory import MemoryProbe, release_cached
+from workers.memory import MemoryProbe, cpu_free, release_cached
 
 if TYPE_CHECKING:
     from core.runtimes.onnxrt import OrtUnits
@@ -159,7 +159,7 @@ class Worker:
             from core.runtimes.onnxrt import OrtUnits  # onnxruntime: only where plans use it
 
             self.ort = OrtUnits(self.capture, spin=self.ort_spin, max_sessions=self.ort_sessions,
-                                room=self.probe.free)
+                                room=cpu_free)  # the process's memory, not a plan budget
         free = table.top_bytes if free is None else free
         tree = TreeIndex(self.capture.tree)
         for r in range(1, table.batch_max + 1):
