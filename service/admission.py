@@ -12,8 +12,8 @@ what stays), after giving the allocator's free pages back (``malloc_trim``). A r
 admitted before its body is read, on its Content-Length: its estimated hold (``HOLD_FACTORS``)
 and a one-sample plan must fit in the ledger, and what is not in the group yet (bodies unread,
 plans not allocated) in the group's headroom read now; one that does not fit waits in line
-(FIFO, ``wait_s``: `VBS_ADMIT_WAIT_S`), its body unread, then gets 503 with Retry-After; one that would not
-fit even in an idle server gets 413 naming the limit at once. Plans may use what the ledger
+(FIFO, ``wait_s``: `VBS_ADMIT_WAIT_S`), its body unread, then gets 503 with Retry-After; one
+that would not fit even in an idle server gets 413 naming the limit at once. Plans may use what the ledger
 leaves, less a reserve for requests arriving meanwhile, and never more than the group's
 headroom read now (``plan_free``, the memory probe's source); a batch for which that is less
 than a one-sample plan waits for memory (``ceiling``), it never starts. Without a limit

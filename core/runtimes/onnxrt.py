@@ -66,13 +66,13 @@ SPIN = "session.intra_op.allow_spinning"
 STOP = "session.force_spinning_stop"
 # what making a session takes per byte of its graph's weights: the composed graph and its
 # serialized copy while it is made, then the weights, the copies its optimiser makes in its
-# own layouts, its plan (tests/workers/test_runtimes.py checks the bound)
+# own layouts, its plan (tests/core/test_runtimes.py checks the bound)
 SESSION_GROWTH = 6
 
 
 def _weight_bytes(model: onnx.ModelProto) -> int:
     """Bytes of a graph's initializers."""
-    return sum(len(t.raw_data) or 4 * max(len(t.float_data), 0) for t in model.graph.initializer)
+    return sum(len(t.raw_data) or 4 * len(t.float_data) for t in model.graph.initializer)
 
 
 def session_options(threads: int, *, arena: bool = True, spin: bool = True) -> ort.SessionOptions:
