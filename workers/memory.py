@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.cgroup import mem_available, parse_limit, parse_meminfo, read_cgroup
+from workers.cgroup import mem_available, parse_limit, parse_meminfo, read_headroom
 
 __all__ = ["MemoryProbe", "cgroup_free", "cpu_free", "cuda_free", "parse_limit", "parse_meminfo",
            "release_cached"]
@@ -23,8 +23,7 @@ __all__ = ["MemoryProbe", "cgroup_free", "cpu_free", "cuda_free", "parse_limit",
 def cgroup_free(proc: Path = Path("/proc"), fs_root: Path = Path("/")) -> int | None:
     """Bytes left under the tightest cgroup memory limit on this process's path (its limit
     minus its working set, ``workers.cgroup``), or None when no limit applies."""
-    group = read_cgroup(proc, fs_root)
-    return None if group is None else group.free
+    return read_headroom(proc, fs_root)
 
 
 def cpu_free(proc: Path = Path("/proc"), fs_root: Path = Path("/")) -> int:

@@ -109,10 +109,12 @@ def test_nested_parent_limit_binds(tmp_path: Path) -> None:
     assert bound is not None and bound.path == "/kubepods/pod1" and bound.peak == 950 * MiB
     assert group.working_set == 800 * MiB
     assert group.free == 224 * MiB  # 1024 - (900 - 100); the child's own: 2048 - 650
+    assert cgroup_free(proc, tmp_path) == 224 * MiB  # the lean read a worker makes per batch
     # a child whose own limit leaves less headroom binds instead
     _v2_group(root / "kubepods/pod1/ctr", 768 * MiB, 700 * MiB, 50 * MiB)
     again = read_cgroup(proc, tmp_path)
     assert again is not None and again.free == 118 * MiB and again.limit == 768 * MiB
+    assert cgroup_free(proc, tmp_path) == 118 * MiB
 
 
 def test_no_limit_falls_back_to_mem_available(tmp_path: Path) -> None:
@@ -147,6 +149,7 @@ def test_container_with_its_group_at_the_mount_root(tmp_path: Path) -> None:
     group2 = read_cgroup(proc2, tmp_path / "b")
     assert group2 is not None and group2.groups[0].path == "/docker/abc"
     assert group2.free == 206 * MiB
+    assert cgroup_free(proc, tmp_path) == cgroup_free(proc2, tmp_path / "b") == 206 * MiB
 
 
 def test_no_cgroup_files(tmp_path: Path) -> None:
