@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from workers.cgroup import memory_mounts, own_groups, parse_limit, parse_stat, read_cgroup
+from workers.cgroup import memory_mounts, own_groups, parse_limit, parse_meminfo, parse_stat, \
+    read_cgroup
 from workers.memory import MemoryProbe, cgroup_free, cpu_free
 
 MiB = 2**20
@@ -60,6 +61,9 @@ def test_parsers() -> None:
     assert parse_limit("max\n") is None and parse_limit("1048576\n") == 1048576
     assert parse_limit(str(2**63 - 4096)) is None  # cgroup v1's "no limit"
     assert parse_stat("cache 10\nrss 20\nbad line here\n") == {"cache": 10, "rss": 20}
+    meminfo = "MemTotal: 5 kB\nXMemAvailable: 7 kB\nMemAvailable:   20 kB\nFoo: 1\n"
+    assert parse_meminfo(meminfo) == 20 * 1024  # the field, not one whose name ends with it
+    assert parse_meminfo("MemAvailable: 3 kB") == 3072 and parse_meminfo("MemFree: 3 kB") is None
     v1, v2 = own_groups("9:name=systemd:/\n4:memory:/a/b\n3:cpuset:/\n0::/c\n")
     assert (v1, v2) == ("/a/b", "/c")
     assert own_groups("4:cpu,memory:/x\n") == ("/x", None)  # controllers mounted together
@@ -165,3 +169,27 @@ def test_probe_reads_this_machine() -> None:
     assert probe.free() == 9_000_000  # this machine has far more than 10 MB free
     probe.limit = 500_000
     assert probe.free() == 0
+
+
+def test_files_read_before_each_batch_stay_open_and_show_what_is_there_now(tmp_path: Path
+                                                                           ) -> None:
+    """The probe keeps its files open and reads them from offset 0: a value rewritten is seen
+    on the next read, a file that appears later is read once it exists, and no more than
+    ``size`` descriptors stay open."""
+    import os
+
+    from workers.cgroup import _OpenFiles
+
+    files = _OpenFiles(size=2)
+    usage = tmp_path / "memory.current"
+    assert files.read(usage) is None  # not there yet: nothing kept
+    usage.write_text("100\n")
+    assert files.read(usage) == "100\n"
+    usage.write_text("250\n")  # the kernel's files change under an open descriptor too
+    assert files.read(usage) == "250\n"
+    held = len(os.listdir("/proc/self/fd"))
+    for name in ("a", "b", "c"):
+        (tmp_path / name).write_text(name)
+        assert files.read(tmp_path / name) == name
+    assert len(os.listdir("/proc/self/fd")) <= held + 1  # two kept in all, the oldest closed
+    assert files.read(usage) == "250\n"  # closed with the oldest, opened again
