@@ -9,11 +9,14 @@ For each model, `vbs serve` (its own process, ``--runtime``, ample memory, the t
 ``timing.infer_s`` is the plan's run on the batch, the model alone. Beside it, in this
 process, the same torchvision model (random weights) exported whole to ONNX (batch axis
 dynamic) runs in ONNX Runtime (CPU, ``--threads`` intra-op threads) with its defaults
-(threads spin) and with threads that sleep between operators (what ``--ort-sleep``, i.e.
-`VBS_ORT_SPIN=0`, serves with), and eager ``model(x)`` in torch for reference. Blocks of
-``--requests`` calls alternate, round after round, so drift hits all alike. Prints per model
-and n: milliseconds per sample (median of each round's median, and the spread over rounds)
-and vbs-serve's ratio to ONNX Runtime's defaults.
+(threads spin), in a loop of calls back to back and paced as the served requests came (each
+call after a pause as long as the median time a served request spent outside the model, as
+its client saw it: the cores idle between calls, as they are in a server), with threads that
+sleep between operators (what ``--ort-sleep``, i.e. `VBS_ORT_SPIN=0`, serves with), and
+eager ``model(x)`` in torch for reference. Blocks of ``--requests`` calls alternate, round
+after round, so drift hits all alike. Prints per model and n: milliseconds per sample (median
+of each round's median, and the spread over rounds) and vbs-serve's ratio to ONNX Runtime's
+defaults, back to back and paced.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ import numpy as np
 from served import vbs_serve
 
 MODELS = "mobilenet_v2,resnet50,mnasnet0_5,mobilenet_v3_large"
-COLUMNS = ("vbs-serve infer_s", "onnxruntime", "onnxruntime, sleeping", "torch eager")
+COLUMNS = ("vbs-serve infer_s", "onnxruntime", "onnxruntime, calls paced as served",
+           "onnxruntime, sleeping", "torch eager")
 
 
 def _npy(x: np.ndarray) -> bytes:
@@ -63,9 +67,11 @@ def _onnx_sessions(model: object, shape: tuple[int, ...], threads: int) -> list[
     return sessions
 
 
-def _timed(call: object, n: int, times: int) -> list[float]:
+def _timed(call: object, n: int, times: int, pause: float = 0.0) -> list[float]:
     out = []
     for _ in range(times):
+        if pause:
+            time.sleep(pause)
         t0 = time.perf_counter()
         call()  # type: ignore[operator]
         out.append((time.perf_counter() - t0) / n)
@@ -98,11 +104,16 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[tuple[str, int], li
         inputs = {n: rng.standard_normal((n, *shape), dtype=np.float32) for n in sizes}
         bodies = {n: _npy(x) for n, x in inputs.items()}
 
+        pauses: list[float] = []  # each request's time outside the model, as its client saw it
+
         def served(n: int) -> float:
+            t0 = time.perf_counter()
             answer = client.post(f"/infer?model={name}", content=bodies[n],
                                  headers={"content-type": "application/x-npy"})
             answer.raise_for_status()
-            return answer.json()["timing"]["infer_s"] / n
+            infer_s = answer.json()["timing"]["infer_s"]
+            pauses.append(max(0.0, time.perf_counter() - t0 - infer_s))
+            return infer_s / n
 
         for n in sizes:  # warm-up: the plan's sessions, the model's caches
             for _ in range(3):
@@ -113,9 +124,13 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[tuple[str, int], li
         for k in range(1, args.rounds + 1):
             for n in sizes:
                 x = inputs[n]
+                pauses.clear()
                 columns = {
                     "vbs-serve infer_s": [served(n) for _ in range(args.requests)],
                     "onnxruntime": _timed(lambda: spinning.run(None, {"x": x}), n, args.requests),
+                    "onnxruntime, calls paced as served": _timed(
+                        lambda: spinning.run(None, {"x": x}), n, args.requests,
+                        pause=statistics.median(pauses)),
                     "onnxruntime, sleeping": _timed(lambda: sleeping.run(None, {"x": x}), n,
                                                     args.requests),
                     "torch eager": _timed(lambda: model(torch.from_numpy(x)), n,
@@ -158,15 +173,18 @@ def main() -> None:
                 cells.append(f"{1e3 * statistics.median(ts):.2f} "
                              f"({1e3 * min(ts):.2f}-{1e3 * max(ts):.2f})")
             vbs = statistics.median(results[("vbs-serve infer_s", n)])
+            ratios = (vbs / statistics.median(results[(column, n)])
+                      for column in ("onnxruntime", "onnxruntime, calls paced as served"))
             rows.append(f"| {name} | {n} | " + " | ".join(cells) + " | "
-                        f"{vbs / statistics.median(results[('onnxruntime', n)]):.2f} |")
+                        + " | ".join(f"{r:.2f}" for r in ratios) + " |")
     print()
     print(f"vbs serve --runtime {args.runtime}, VBS_ORT_SPIN={0 if args.ort_sleep else 1}, "
           f"{args.threads} threads, {args.rounds} rounds of {args.requests} calls; ms/sample, "
           "median of the rounds' medians (range)")
     print("| model | samples per request | vbs-serve infer_s | ONNX Runtime, whole model, "
-          "its defaults | the same, threads sleeping | torch eager | vbs-serve / ONNX Runtime |")
-    print("|---|---|---|---|---|---|---|")
+          "its defaults | the same, calls paced as served | the same, threads sleeping | "
+          "torch eager | vbs-serve / ONNX Runtime | vbs-serve / ONNX Runtime paced |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(row)
 
