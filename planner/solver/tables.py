@@ -8,13 +8,17 @@ its exact peak, the outputs to split and each unit's need. The row of r is the f
 the candidates by (executor peak, rank): ascending peaks, each plan preferred to every plan
 with a smaller peak. The rank is the solver's own preference: least cost for vbs, paper and
 fbs-best, the largest batch for fbs, the largest rule budget for greedy. vbs weighs one thing
-more (``CALL_MARGIN``): a plan that makes more runtime calls (or runs more steps on torch, each
-a cut) than the one it would replace must be predicted faster by more than the margin. The
-profile's times carry a few percent of noise, and a DP over them finds plans whose whole
-predicted advantage is that noise (more sub-batches at the batch sizes that happened to
-measure fast), each cut a chance to cost more than priced; within the margin the plan of
-fewer calls is kept, so a row may hold a plan up to the margin slower than one with a
-smaller peak. `vbs solve` prints the DP's own optimum, which the table may so pass over.
+more (``call_margin``): a plan that makes more runtime calls (or runs more steps on torch,
+each a cut) than the one it would replace must be predicted faster by more than a margin of
+``CUT_MARGIN`` per extra call, at most ``CALL_MARGIN``. The profile's times carry a few
+percent of noise, and a DP over them finds plans whose whole predicted advantage is that noise
+(more sub-batches at the batch sizes that happened to measure fast), each cut a chance to cost
+more than priced; one more call is one such chance (the classifier of a small network on the
+whole request after its other units ran a sample at a time: one call more, 6% faster
+predicted and 8-23% measured, docs/benchmarks.md section 2), ten more are many. Within the
+margin the plan of fewer calls is kept, so a row may hold a plan up to ``CALL_MARGIN`` slower
+than one with a smaller peak. `vbs solve` prints the DP's own optimum, which the table may so
+pass over.
 
 Unit runtimes (``core.runtimes``): every candidate names each step's runtime and its runs
 (the DP's read-out says where it cuts runs; a baseline runs every span ONNX Runtime takes as
@@ -43,7 +47,14 @@ from planner.solver.model import Instance, build_instance
 from planner.solver.solve import DEFAULT_SLOT_COUNT, SOLVERS, default_slot_bytes, instance_of, \
     raw_steps, table_slots
 
-CALL_MARGIN = 0.08  # vbs: how much faster a plan of more runtime calls must be predicted
+CUT_MARGIN = 0.03   # vbs: how much faster a plan must be predicted for each call more it makes
+CALL_MARGIN = 0.08  # ... and at most, whatever the number of calls more
+
+
+def call_margin(more: int) -> float:
+    """How much faster a plan of ``more`` dispatches more than another must be predicted to be
+    taken instead of it (or, with fewer, how much slower it may be and still be kept)."""
+    return min(CALL_MARGIN, CUT_MARGIN * abs(more))
 
 
 @dataclass(frozen=True)
@@ -137,26 +148,27 @@ def _candidates(inst: Instance, solver: str, slot: int, M: int, dp: Callable[[st
     return out
 
 
-def _preferred(cand: _Candidate, best: _Candidate | None, floor: float, margin: float) -> bool:
+def _preferred(cand: _Candidate, best: _Candidate | None, floor: float, margin: bool) -> bool:
     """Whether ``cand`` displaces ``best``, the plan of the last breakpoint: a better rank;
-    with a margin, a plan of more dispatches (runtime calls and steps on torch: each cuts a
-    run) must cost less than best by more than the margin, and one of fewer may cost up to the
-    margin more than ``floor``, the least cost of the row so far (so no plan is more than the
-    margin slower than any before it)."""
+    with margins (``call_margin``), a plan of more dispatches (runtime calls and steps on
+    torch: each cuts a run) must cost less than best by more than the margin of the calls it
+    adds, and one of fewer may cost up to the margin of the calls it saves more than
+    ``floor``, the least cost of the row so far (so no plan is more than ``CALL_MARGIN``
+    slower than any before it)."""
     if best is None:
         return True
     if margin:
         calls = dispatches(len(cand.steps), cand.runs)
         best_calls = dispatches(len(best.steps), best.runs)
         if calls > best_calls:
-            return cand.cost < best.cost * (1.0 - margin)
-        if calls < best_calls and cand.cost <= floor * (1.0 + margin):
+            return cand.cost < best.cost * (1.0 - call_margin(calls - best_calls))
+        if calls < best_calls and cand.cost <= floor * (1.0 + call_margin(best_calls - calls)):
             return True
     return cand.rank < best.rank
 
 
 def _frontier(inst: Instance, layouts: _Layouts, r: int, candidates: Iterable[_Candidate],
-              add: Callable[[TablePlan], int], margin: float = 0.0) -> TableRow:
+              add: Callable[[TablePlan], int], margin: bool = False) -> TableRow:
     """The row of r: by ascending executor peak, every candidate preferred to the plan before
     it (``_preferred``)."""
     laid = sorted(((layouts.of(r, cand), cand) for cand in candidates),
@@ -234,7 +246,7 @@ def build_tables(model: Profile | Instance, solvers: Sequence[str] = ("vbs",), *
                 plans.append(plan)
             return by_id[plan.plan_id]
 
-        margin = CALL_MARGIN if solver == "vbs" and inst.objective == "time" and inst.calls else 0.0
+        margin = solver == "vbs" and inst.objective == "time" and bool(inst.calls)
         rows = tuple(_frontier(inst, layouts, r, proposed(solver, r), add, margin)
                      for r in range(1, inst.batch_max + 1))
         out[solver] = PlanTable(fingerprint=inst.fingerprint, solver=solver, objective=objective,

@@ -18,7 +18,7 @@ from planner.solver.model import build_instance
 from planner.solver.simulate import simulate
 from planner.solver.solve import default_slot_bytes, plan_of, raw_steps, solve, table_slots
 from planner.solver.synthetic import chain_like, googlenet_like, resnet50_like, with_onnxruntime
-from planner.solver.tables import CALL_MARGIN, build_tables
+from planner.solver.tables import CALL_MARGIN, build_tables, call_margin
 from core.tree import Layer, Measured, Profile, Series, profile_to_json
 
 ORT, TORCH = "onnxruntime", "torch"
@@ -107,10 +107,11 @@ def test_a_vbs_row_takes_more_calls_only_for_more_than_the_margin(case):
         plans = [p for _, p in vbs.plans_for(r)]
         floor = plans[0].cost
         for before, after in zip(plans, plans[1:]):
-            if after.dispatches > before.dispatches:
-                assert after.cost < before.cost * (1 - CALL_MARGIN)
-            elif after.dispatches < before.dispatches:
-                assert after.cost <= floor * (1 + CALL_MARGIN) * (1 + REL)
+            more = after.dispatches - before.dispatches
+            if more > 0:
+                assert after.cost < before.cost * (1 - call_margin(more))
+            elif more < 0:
+                assert after.cost <= floor * (1 + call_margin(more)) * (1 + REL)
             else:
                 assert after.cost < before.cost
             floor = min(floor, after.cost)
@@ -196,3 +197,20 @@ def test_vbs_solve_prints_the_plan_with_its_runs_and_the_time_the_table_gives(tm
     inst = build_instance(profile)
     steps = solve(inst, 8, 3500, slot_bytes=1).program.steps
     assert got["time_total"] == inst.time_pricing.program(steps, [tuple(r) for r in got["runs"]])
+
+
+def test_one_call_more_needs_a_small_margin_many_need_the_whole_one():
+    """The margin grows with the calls a plan adds (each a cut that may cost more than
+    priced): the same two stages, late units gaining enough that the two-run plan (one call
+    more than one sample at a time) is predicted 5% faster: kept, where a flat 8% margin kept
+    the uniform batch."""
+    assert call_margin(1) == pytest.approx(0.03) and call_margin(-2) == pytest.approx(0.06)
+    assert call_margin(3) == call_margin(40) == CALL_MARGIN
+    profile = _two_stage(gain=0.75)
+    inst = build_instance(profile, count_request=False)
+    plan = solve(inst, 8, 3500, slot_bytes=1)
+    fbs = solve(inst, 8, 3500, solver="fbs-best", slot_bytes=1)
+    assert plan.calls == fbs.calls + 1
+    assert fbs.time_total * (1 - CALL_MARGIN) < plan.time_total < fbs.time_total * (1 - call_margin(1))
+    kept = build_tables(profile, ("vbs",))["vbs"].lookup(8, 3500)
+    assert kept.plan_id == plan.plan_id
