@@ -169,8 +169,10 @@ class _OpenFiles:
     again from offset 0 (``pread``: the kernel generates them anew on each read). Opening a
     file walks its path, and right after a model's call has churned the caches that walk is
     what costs (about 0.1 ms a file where the read itself is a few us). A file that can no
-    longer be read (its group removed) is opened again, once, on the next read. At most
-    ``size`` are kept open, the least recently used closed first."""
+    longer be read (its group removed) is opened again, once. At most ``size`` are kept open,
+    the least recently used closed first (not ``core.lru``: a descriptor must be closed when
+    it is dropped). Reads hold the lock: a descriptor is never closed, and its number reused
+    by another file, while a read uses it."""
 
     def __init__(self, size: int = 64) -> None:
         self.size = size
@@ -179,40 +181,32 @@ class _OpenFiles:
 
     def read(self, path: Path | str) -> str | None:
         key = os.fspath(path)
-        for _attempt in range(2):
-            fd = self._fd(key)
-            if fd is None:
-                return None
-            try:
-                return _pread_all(fd)
-            except OSError:
-                self._drop(key, fd)
-        return None
-
-    def _fd(self, key: str) -> int | None:
         with self._lock:
-            fd = self._fds.get(key)
-            if fd is not None:
-                self._fds.move_to_end(key)
-                return fd
+            for _attempt in range(2):
+                fd = self._fds.get(key)
+                if fd is None:
+                    fd = self._open(key)
+                    if fd is None:
+                        return None
+                else:
+                    self._fds.move_to_end(key)
+                try:
+                    return _pread_all(fd)
+                except OSError:
+                    del self._fds[key]
+                    os.close(fd)
+            return None
+
+    def _open(self, key: str) -> int | None:
         try:
             fd = os.open(key, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return None
-        with self._lock:
-            found = self._fds.setdefault(key, fd)
-            while len(self._fds) > self.size:
-                _, old = self._fds.popitem(last=False)
-                os.close(old)
-        if found != fd:
-            os.close(fd)
-        return found
-
-    def _drop(self, key: str, fd: int) -> None:
-        with self._lock:
-            if self._fds.get(key) == fd:
-                del self._fds[key]
-                os.close(fd)
+        self._fds[key] = fd
+        while len(self._fds) > self.size:
+            _, old = self._fds.popitem(last=False)
+            os.close(old)
+        return fd
 
 
 def _pread_all(fd: int) -> str:
