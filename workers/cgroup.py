@@ -49,6 +49,11 @@ def parse_meminfo(text: str, key: str = "MemAvailable") -> int | None:
     return int(parts[1]) * (1024 if len(parts) > 2 and parts[2] == "kB" else 1)
 
 
+def _headroom(limit: int, working_set: int) -> int:
+    """What may still be used under ``limit``."""
+    return max(0, limit - working_set)
+
+
 def parse_stat(text: str) -> dict[str, int]:
     """A ``memory.stat`` file: key -> value."""
     out: dict[str, int] = {}
@@ -122,7 +127,7 @@ class GroupReading:
 
     @property
     def headroom(self) -> int | None:
-        return None if self.limit is None else max(0, self.limit - self.working_set)
+        return None if self.limit is None else _headroom(self.limit, self.working_set)
 
 
 @dataclass(frozen=True)
@@ -243,10 +248,9 @@ _FILES = {1: ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_
           2: ("memory.max", "memory.current", "inactive_file", "memory.peak")}
 
 
-def _working_set(directory: Path, usage: int, version: int) -> int:
+def _working_set(usage: int, stat_text: str | None, version: int) -> int:
     """Usage minus the inactive file pages ``memory.stat`` counts."""
-    stat = parse_stat(_read(directory / "memory.stat") or "")
-    return max(0, usage - stat.get(_FILES[version][2], 0))
+    return max(0, usage - parse_stat(stat_text or "").get(_FILES[version][2], 0))
 
 
 def _group_reading(directory: Path, path: str, version: int) -> GroupReading | None:
@@ -257,7 +261,7 @@ def _group_reading(directory: Path, path: str, version: int) -> GroupReading | N
     limit_text = _read(directory / limit_file)
     limit = parse_limit(limit_text) if limit_text is not None else None
     usage = int(usage_text.strip())
-    working_set = _working_set(directory, usage, version)
+    working_set = _working_set(usage, _read(directory / "memory.stat"), version)
     peak_text = _read(directory / peak_file)
     peak = int(peak_text.strip()) if peak_text and peak_text.strip().isdigit() else None
     return GroupReading(path, limit, usage, working_set, peak)
@@ -295,9 +299,8 @@ def read_headroom(proc: Path = Path("/proc"), fs_root: Path = Path("/")) -> int 
         usage_text = None if limit is None else _FILES_OPEN.read(usage_file)
         if limit is None or usage_text is None:
             continue
-        stat = parse_stat(_FILES_OPEN.read(stat_file) or "")
-        working_set = max(0, int(usage_text.strip()) - stat.get(_FILES[version][2], 0))
-        headroom = max(0, limit - working_set)
+        working_set = _working_set(int(usage_text.strip()), _FILES_OPEN.read(stat_file), version)
+        headroom = _headroom(limit, working_set)
         least = headroom if least is None else min(least, headroom)
     return least
 
