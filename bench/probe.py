@@ -3,7 +3,7 @@
     python bench/probe.py [--model mnasnet0_5] [--rounds 20] [--reads 50]
 
 A worker reads the memory free (``workers.memory.cpu_free``: the cgroup limits on its path,
-the working set where one is set, the host's MemAvailable) twice per batch, each time right
+the working set where one is set, the host's MemAvailable) before each batch's plan, right
 after the model's previous work, when the caches the reading needs are cold. This times that
 reading right after a one-sample call of the model in ONNX Runtime (2 threads) and in a warm
 loop, ``--rounds`` rounds of ``--reads`` each, and prints the medians (range over rounds).
