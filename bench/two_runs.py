@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +37,7 @@ from planner.pipeline import options_from
 from planner.profiling.profiler import cached_profile
 from planner.settings import Settings
 from planner.solver import baselines
+from planner.solver.model import Instance, Unit
 from planner.solver.solve import instance_of
 from workers.executor import execute
 
@@ -43,26 +45,27 @@ from workers.executor import execute
 @dataclass(frozen=True)
 class Candidate:
     label: str
+    early: int  # the early run's sub-batch size (0: a uniform batch)
     steps: tuple[Step, ...]
     runs: tuple[tuple[int, int], ...]
     predicted: float  # seconds per sample, the table's pricing
     peak: int         # claimed bytes, the walk's with what ONNX Runtime holds inside its calls
 
 
-def _phase(units, samples: int) -> list[Step]:  # type: ignore[no-untyped-def]
+def _phase(units: Sequence[Unit], samples: int) -> list[Step]:
     steps: list[Step] = []
     for unit in units:
         baselines._uniform_phase_whole(unit, samples, ONNXRUNTIME, steps)
     return steps
 
 
-def candidates(inst, r: int, early: list[int]) -> list[Candidate]:  # type: ignore[no-untyped-def]
+def candidates(inst: Instance, r: int, early: list[int]) -> list[Candidate]:
     """Every uniform batch and every two-run plan (cut after root unit k, early at c)."""
     root = inst.root
-    programs: list[tuple[str, tuple[tuple[Step, ...], tuple[tuple[int, int], ...]]]] = []
+    programs: list[tuple[str, int, tuple[tuple[Step, ...], tuple[tuple[int, int], ...]]]] = []
     for c in sorted({1, 2, 4, 8, r} | set(early)):
         if c <= r:
-            programs.append((f"uniform {c}", baselines.fbs_program(inst, c, r, "runs")))
+            programs.append((f"uniform {c}", 0, baselines.fbs_program(inst, c, r, "runs")))
     for k in range(1, root.n):
         for c in early:
             steps: list[Step] = []
@@ -72,13 +75,13 @@ def candidates(inst, r: int, early: list[int]) -> list[Candidate]:  # type: igno
                 runs.append((len(steps), len(steps) + len(part) - 1))
                 steps += part
             programs.append((f"{root.units[0].name}..{root.units[k - 1].name} at {c}, "
-                             f"{root.units[k].name}..{root.units[-1].name} at {r}",
+                             f"{root.units[k].name}..{root.units[-1].name} at {r}", c,
                              (tuple(steps), tuple(runs))))
     out = []
-    for label, (steps, runs) in programs:
-        lay = layout(inst.tree, steps, r, granule=inst.granule, runs=runs,
+    for label, c, (steps, runs) in programs:
+        lay = layout(inst.tree, steps, r, granule=inst.granule, runs=runs,  # type: ignore[arg-type]
                      measured=inst.run_memory)
-        out.append(Candidate(label, tuple(steps), tuple(runs),
+        out.append(Candidate(label, c, tuple(steps), tuple(runs),
                              inst.time_pricing.program(steps, runs) / r, lay.peak))
     return out
 
@@ -86,10 +89,9 @@ def candidates(inst, r: int, early: list[int]) -> list[Candidate]:  # type: igno
 def chosen(cands: list[Candidate], early: list[int], top: int) -> list[Candidate]:
     """The uniform batches, and per early batch size the fastest predicted two-run plans and
     the one of least peak."""
-    picked = [c for c in cands if c.label.startswith("uniform")]
+    picked = [c for c in cands if not c.early]
     for c in early:
-        two = [x for x in cands if not x.label.startswith("uniform")
-               and x.label.split(", ")[0].endswith(f" at {c}")]
+        two = [x for x in cands if x.early == c]
         picked += sorted(two, key=lambda x: x.predicted)[:top]
         least = min(two, key=lambda x: (x.peak, x.predicted), default=None)
         if least is not None and least not in picked:
@@ -129,7 +131,7 @@ def main() -> None:
                     execute(cap, c.steps, x, None, dict(c.runs), ort)
                 times[c.label].append((time.perf_counter() - t0) / args.calls / args.batch)
     measured = {label: statistics.median(ts) for label, ts in times.items()}
-    uniform = [c for c in picked if c.label.startswith("uniform")]
+    uniform = [c for c in picked if not c.early]
     print(f"{args.model}, r = {args.batch}, {args.rounds} interleaved rounds of {args.calls} "
           f"runs; ms per sample")
     print("| plan | claimed peak (MiB) | predicted | measured (min-max) | "
