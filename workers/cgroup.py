@@ -225,7 +225,7 @@ def _pread_all(fd: int) -> str:
 _FILES_OPEN = _OpenFiles()
 
 
-def _read(path: Path) -> str | None:
+def _read(path: Path | str) -> str | None:
     """A small file's text (None: it cannot be read), through the open descriptors."""
     return _FILES_OPEN.read(path)
 
@@ -294,12 +294,12 @@ def read_headroom(proc: Path = Path("/proc"), fs_root: Path = Path("/")) -> int 
     version = located[0]
     least: int | None = None
     for limit_file, usage_file, stat_file in _group_files(located):
-        limit_text = _FILES_OPEN.read(limit_file)
+        limit_text = _read(limit_file)
         limit = parse_limit(limit_text) if limit_text is not None else None
-        usage_text = None if limit is None else _FILES_OPEN.read(usage_file)
+        usage_text = None if limit is None else _read(usage_file)
         if limit is None or usage_text is None:
             continue
-        working_set = _working_set(int(usage_text.strip()), _FILES_OPEN.read(stat_file), version)
+        working_set = _working_set(int(usage_text.strip()), _read(stat_file), version)
         headroom = _headroom(limit, working_set)
         least = headroom if least is None else min(least, headroom)
     return least

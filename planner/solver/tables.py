@@ -148,7 +148,7 @@ def _candidates(inst: Instance, solver: str, slot: int, M: int, dp: Callable[[st
     return out
 
 
-def _preferred(cand: _Candidate, best: _Candidate | None, floor: float, margin: bool) -> bool:
+def _preferred(cand: _Candidate, best: _Candidate | None, floor: float, margins: bool) -> bool:
     """Whether ``cand`` displaces ``best``, the plan of the last breakpoint: a better rank;
     with margins (``call_margin``), a plan of more dispatches (runtime calls and steps on
     torch: each cuts a run) must cost less than best by more than the margin of the calls it
@@ -157,7 +157,7 @@ def _preferred(cand: _Candidate, best: _Candidate | None, floor: float, margin: 
     slower than any before it)."""
     if best is None:
         return True
-    if margin:
+    if margins:
         calls = dispatches(len(cand.steps), cand.runs)
         best_calls = dispatches(len(best.steps), best.runs)
         if calls > best_calls:
@@ -168,7 +168,7 @@ def _preferred(cand: _Candidate, best: _Candidate | None, floor: float, margin: 
 
 
 def _frontier(inst: Instance, layouts: _Layouts, r: int, candidates: Iterable[_Candidate],
-              add: Callable[[TablePlan], int], margin: bool = False) -> TableRow:
+              add: Callable[[TablePlan], int], margins: bool = False) -> TableRow:
     """The row of r: by ascending executor peak, every candidate preferred to the plan before
     it (``_preferred``)."""
     laid = sorted(((layouts.of(r, cand), cand) for cand in candidates),
@@ -179,11 +179,11 @@ def _frontier(inst: Instance, layouts: _Layouts, r: int, candidates: Iterable[_C
         if chosen and chosen[-1][0].peak == lay.peak:  # one plan per peak: the preferred
             before = chosen[-2][1] if len(chosen) > 1 else None
             rest = min((c.cost for _, c in chosen[:-1]), default=math.inf)
-            if _preferred(cand, chosen[-1][1], floor, margin) and \
-                    _preferred(cand, before, rest, margin):
+            if _preferred(cand, chosen[-1][1], floor, margins) and \
+                    _preferred(cand, before, rest, margins):
                 chosen[-1] = (lay, cand)
                 floor = min(rest, cand.cost)
-        elif _preferred(cand, chosen[-1][1] if chosen else None, floor, margin):
+        elif _preferred(cand, chosen[-1][1] if chosen else None, floor, margins):
             chosen.append((lay, cand))
             floor = min(floor, cand.cost)
     peaks: list[int] = []
@@ -246,8 +246,8 @@ def build_tables(model: Profile | Instance, solvers: Sequence[str] = ("vbs",), *
                 plans.append(plan)
             return by_id[plan.plan_id]
 
-        margin = solver == "vbs" and inst.objective == "time" and bool(inst.calls)
-        rows = tuple(_frontier(inst, layouts, r, proposed(solver, r), add, margin)
+        margins = solver == "vbs" and inst.objective == "time" and bool(inst.calls)
+        rows = tuple(_frontier(inst, layouts, r, proposed(solver, r), add, margins)
                      for r in range(1, inst.batch_max + 1))
         out[solver] = PlanTable(fingerprint=inst.fingerprint, solver=solver, objective=objective,
                                 slot_bytes=slot, granule=inst.granule, batch_max=inst.batch_max,
