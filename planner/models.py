@@ -18,6 +18,7 @@ import torchvision
 from torch import nn
 
 from planner.c3d import c3d
+from core.cuda_allocator import split_exactly
 from core.errors import ModelError, UsageError
 from core.loaded import DTYPES, LoadedModel, ModelSpec
 
@@ -127,6 +128,8 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     shape = spec.input_shape or getattr(model, "input_shape", None) or (
         (3, 224, 224) if ":" in spec.name else default_input_shape(spec.name))
     dtype = DTYPES[spec.dtype]
+    if spec.device == "cuda":
+        split_exactly()  # before the weights' first allocation: torch allocates what the walk counts
     model = model.eval().to(device=spec.device, dtype=dtype)
     for p in model.parameters():
         p.requires_grad_(False)

@@ -1,7 +1,8 @@
 """``python -m bench.gpu``: the steps of the GPU run, in the installed environment.
 
     python -m bench.gpu --device cuda|cpu [--quick] [--step all|tests,profile,...]
-                        [--out out/gpu] [--deadline-s 540]
+                        [--out out/gpu] [--deadline-s 540] [--dtypes float32,float16]
+                        [--no-suites]
 
 `make gpu` runs this after bench/gpu/install.py (bench/gpu/launch.py does both). Each step
 writes out/<step>.json (and copies it to $OUT on the device machine); ``summary`` writes
@@ -73,8 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=record.ROOT / "out" / "gpu")
     parser.add_argument("--deadline-s", type=float, default=540.0,
                         help="seconds the whole call may take (a device call has 600)")
+    parser.add_argument("--dtypes", default=",".join(config.DTYPES),
+                        help="the full run's dtypes, in order (a short lease: float32)")
+    parser.add_argument("--no-suites", action="store_true",
+                        help="step tests: only the tests marked gpu, not the whole suites")
     args = parser.parse_args(argv)
-    cfg = config.config(args.device, args.quick)
+    cfg = config.config(args.device, args.quick,
+                        tuple(d.strip() for d in args.dtypes.split(",") if d.strip()),
+                        suites=not args.no_suites)
     steps = steps_of(args.step)
     if args.device == "cuda" and steps != ["summary"]:
         import torch

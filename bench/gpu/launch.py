@@ -2,6 +2,7 @@
 
     python3 bench/gpu/launch.py --device cuda|cpu [--quick] [--step all|tests,profile,...]
                                 [--out out/gpu] [--deadline-s 540]
+                                [--dtypes float32,float16] [--no-suites]
 
 Every device call starts on a bare machine, so every call installs (a minute at most) before
 its steps: the machine's own Python on CUDA, a fresh venv on the CPU (bench/gpu/install.py).
@@ -44,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step", default="all")
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "gpu")
     parser.add_argument("--deadline-s", type=float, default=540.0)
+    parser.add_argument("--dtypes", help="passed on: the full run's dtypes (default both)")
+    parser.add_argument("--no-suites", action="store_true", help="passed on: gpu tests only")
     parser.add_argument("--wheels", type=Path, help="default .gpu-wheels/cpXY of the target Python")
     args = parser.parse_args(argv)
     if args.step == "summary":  # the records of earlier calls, summarised here: nothing to install
@@ -91,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
            "--deadline-s", str(max(60.0, args.deadline_s - (time.monotonic() - started)))]
     if args.quick:
         cmd.append("--quick")
+    if args.dtypes:
+        cmd += ["--dtypes", args.dtypes]
+    if args.no_suites:
+        cmd.append("--no-suites")
     return subprocess.call(cmd, cwd=ROOT)
 
 

@@ -65,10 +65,20 @@ def _channels_last(t: torch.Tensor) -> bool:
     return t.is_contiguous(memory_format=fmt)
 
 
-def _tolerance(dtype: torch.dtype) -> tuple[float, float]:
-    # Sub-batches may pick other kernels (blocking, reductions), so equal means close here;
-    # an op that mixes samples is off by the size of the values themselves.
-    return (1e-2, 1e-2) if dtype in (torch.float16, torch.bfloat16) else (1e-3, 1e-4)
+def _tf32() -> bool:
+    """Whether CUDA may compute float32 convolutions or matrix products in TF32 (cuDNN's
+    convolutions do by default): 10 bits of mantissa, as float16 has."""
+    return bool(torch.backends.cudnn.allow_tf32 or torch.backends.cuda.matmul.allow_tf32)
+
+
+def arithmetic_tolerance(dtype: torch.dtype, device_type: str) -> tuple[float, float]:
+    # Sub-batches may pick other kernels (blocking, reductions, another cuDNN algorithm), so
+    # equal means close here, as close as the arithmetic's mantissa allows; an op that mixes
+    # samples is off by the size of the values themselves.
+    if dtype in (torch.float16, torch.bfloat16) or (
+            dtype == torch.float32 and device_type == "cuda" and _tf32()):
+        return (1e-2, 1e-2)
+    return (1e-3, 1e-4)
 
 
 class BatchInspector(fx.Interpreter):
@@ -132,7 +142,7 @@ class BatchInspector(fx.Interpreter):
                 f"{describe(n)} mixes the samples of a batch: it returns shape {tuple(whole.shape)}, whose "
                 f"first dimension is not the batch of {self._batch}; vbs-serve needs the batch first in "
                 "every activation, so it can run each layer on sub-batches")
-        rtol, atol = _tolerance(whole.dtype)
+        rtol, atol = arithmetic_tolerance(whole.dtype, whole.device.type)
         joined = torch.cat(parts).to(torch.float32)
         ref = whole.to(torch.float32)
         scale = float(ref.abs().max()) if ref.numel() and ref.is_floating_point() else 1.0

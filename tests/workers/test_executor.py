@@ -18,6 +18,7 @@ import torch
 
 from core.errors import InvalidProgramError
 from planner.graph.capture import capture
+from planner.graph.inspect import arithmetic_tolerance
 from core.loaded import ModelSpec
 from planner.models import load_model
 from core.runner import run_node
@@ -205,7 +206,9 @@ def test_cuda_measured_peak_within_budget(dtype: str) -> None:
     profile = measure(cap, ProfileOptions(batch_max=B, repeats=2), progress=False)
     worker = Worker(cap, build_table(profile, slot_count=64), MemoryProbe("cuda"))
     x = loaded.example(B)
-    limit = worker.table.top_bytes // 2
+    # between the least plan and the top one (cuDNN's workspace at one sample can be half the
+    # top alone, as on an H200)
+    limit = (worker.table.top_bytes + int(worker.table.min_peaks[0])) // 2
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -214,5 +217,5 @@ def test_cuda_measured_peak_within_budget(dtype: str) -> None:
     assert torch.cuda.max_memory_allocated() - base <= limit
     with torch.inference_mode():
         expected = loaded.module(x)
-    tol = TOLERANCE[loaded.torch_dtype]
+    tol = max(TOLERANCE[loaded.torch_dtype], arithmetic_tolerance(loaded.torch_dtype, "cuda")[0])
     torch.testing.assert_close(y.float(), expected.float(), rtol=tol, atol=tol * float(expected.abs().max()))
