@@ -6,6 +6,7 @@
 - ``shapes``    per-sample shape text (``3,224,224``) read by one rule
 - ``lru``       the one bounded least-recently-used cache
 - ``loaded``    ``ModelSpec`` and ``LoadedModel``: a model as it is passed around
+- ``cuda_allocator`` the caching allocator set to split blocks exactly (claims hold on CUDA)
 - ``units``     ``Capture``: the tree with what runs each unit (``Unit``) and join (``Join``)
 - ``runner``    runs a unit, a subtree or the whole captured model on torch
 - ``runtimes``  the unit runtimes (torch, ONNX Runtime sessions over exported units)
