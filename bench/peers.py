@@ -33,6 +33,8 @@ peer's largest batch, tried for each of ``--batch-sizes`` (the tuning):
   request in the Open Inference Protocol v2 with the binary tensor extension (a JSON header,
   then the sample's raw bytes), the answer in JSON. See ``bench/peers_triton.py``.
 - ``triton-torch-B``: the same Triton, its Python backend running eager torch.
+- ``lit-ort-spin-B``, ``triton-ort-spin-B``: ``lit-ort-B`` and ``triton-ort-B`` with ONNX
+  Runtime in its defaults, as users run it: its intra-op threads spin while idle.
 
 With ``--protocol grpc`` the same clients call the Open Inference Protocol's ``ModelInfer``
 over gRPC instead (``service.loadtest_grpc``: the sample as raw tensor bytes, as Triton's
@@ -68,7 +70,8 @@ from peers_models import export_onnx, runner, torch_model  # noqa: E402 (bench/,
 
 # a configuration's name without its batch size -> the server and what runs the model
 FAMILIES = {"ray": ("ray", "torch"), "lit": ("lit", "torch"), "lit-ort": ("lit", "ort"),
-            "triton-ort": ("triton", "ort"), "triton-torch": ("triton", "torch")}
+            "lit-ort-spin": ("lit", "ort-spin"), "triton-ort": ("triton", "ort"),
+            "triton-ort-spin": ("triton", "ort-spin"), "triton-torch": ("triton", "torch")}
 GRPC = {"vbs", "triton"}  # the servers that speak OIP v2 over gRPC
 
 
@@ -243,13 +246,15 @@ def start(kind: str, args: argparse.Namespace, port: int, grpc_port: int
             raise
         return process, "/infer", "npy"
     peer, runtime, batch = parse_config(kind)
+    spin = args.ort_spin or runtime.endswith("-spin")  # ONNX Runtime as users run it
+    runtime = runtime.removesuffix("-spin")
     wait = {"ray": args.ray_wait, "lit": args.lit_wait, "triton": args.triton_wait}[peer]
     onnx = str(onnx_path(args)) if runtime == "ort" else ""
     process = subprocess.Popen(
         [sys.executable, __file__, f"serve-{peer}", "--model", args.model, "--port", str(port),
          "--grpc-port", str(grpc_port or _port()), "--batch", str(batch), "--wait", str(wait), "--threads", str(args.threads),
          "--runtime", runtime, "--onnx", onnx, "--shape", ",".join(map(str, args.shape)),
-         *(["--spin"] if args.ort_spin else [])],
+         *(["--spin"] if spin else [])],
         env=env, start_new_session=True)
     path, fmt = {"ray": ("/predict", "npy"), "lit": ("/predict", "npy-form"),
                  "triton": (f"/v2/models/{args.model}/infer", "oip")}[peer]
