@@ -12,9 +12,10 @@ what stays), after giving the allocator's free pages back (``malloc_trim``). A r
 admitted before its body is read, on its Content-Length: its estimated hold (``HOLD_FACTORS``)
 and a one-sample plan must fit in the ledger, and what is not in the group yet (bodies unread,
 plans not allocated) in the group's headroom read now; one that does not fit waits in line
-(FIFO, ``wait_s``: `VBS_ADMIT_WAIT_S`), its body unread, then gets 503 with Retry-After; one
-that would not fit even in an idle server gets 413 naming the limit at once. Plans may use what the ledger
-leaves, less a reserve for requests arriving meanwhile, and never more than the group's
+(FIFO, its body unread, so holding nothing) up to ``wait_s`` (`VBS_ADMIT_WAIT_S`; by default
+its whole request timeout, which the wait counts toward), then gets 503 with Retry-After; one
+that would not fit even in an idle server gets 413 naming the limit at once. Plans may use what
+the ledger leaves, less a reserve for requests arriving meanwhile, and never more than the group's
 headroom read now (``plan_free``, the memory probe's source); a batch for which that is less
 than a one-sample plan waits for memory (``ceiling``), it never starts. Without a limit
 nothing is refused here: the probe reads MemAvailable as before.
@@ -31,7 +32,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from service.errors import PayloadTooLargeError, UnavailableError
@@ -74,6 +75,7 @@ class Ticket:
 
     token: int
     model: str | None
+    waited_s: float = 0.0  # in line for memory: it counts toward the request's timeout
 
 
 @dataclass(frozen=True)
@@ -247,7 +249,8 @@ class Admission:
             if ticket is not None:
                 return ticket
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.wait_s
+        began = loop.time()
+        deadline = began + self.wait_s
         turn = loop.create_future()
         self._line.append(turn)
         try:
@@ -256,7 +259,7 @@ class Admission:
                 if self._line[0] is turn:  # first in line: tries, re-reading the group
                     ticket = self._try(model, hold, what)
                     if ticket is not None:
-                        return ticket
+                        return replace(ticket, waited_s=loop.time() - began)
                     if remaining <= 0:
                         break
                     await asyncio.sleep(min(POLL_S, remaining))

@@ -196,10 +196,12 @@ class Batcher:
     # ------------------------------------------------------------------ requests
 
     async def submit(self, x: np.ndarray, *, decode_s: float = 0.0,
-                     encode: Encoder | None = None, field: str = "inputs") -> Outcome:
+                     encode: Encoder | None = None, field: str = "inputs",
+                     waited_s: float = 0.0) -> Outcome:
         """Queue ``x`` (N samples) and wait for its outputs; 503 when full or closing, 504
-        when not answered within ``timeout_s``, 400 naming ``field`` when its values are not
-        all finite in the model's dtype (checked as they are copied into the batch).
+        when not answered within ``timeout_s`` (of which ``waited_s`` were spent before, in
+        line for memory), 400 naming ``field`` when its values are not all finite in the
+        model's dtype (checked as they are copied into the batch).
 
         ``decode_s`` is the time its decoding took (reported as part of compute input);
         ``encode`` turns its rows of the output into what the response sends, on the model's
@@ -228,7 +230,7 @@ class Batcher:
             self._queue.put_nowait(pending)
         # the timeout as one timer on the request's own future (asyncio.wait_for would wrap
         # this coroutine in a task of its own: a loop turn more for every answer)
-        timer = (loop.call_later(self.timeout_s, _expire, pending.future)
+        timer = (loop.call_later(max(0.0, self.timeout_s - waited_s), _expire, pending.future)
                  if self.timeout_s is not None else None)
         try:
             return await pending.future
@@ -236,7 +238,8 @@ class Batcher:
             self._uncount(pending)
             self.metrics.rejected.labels(self.name, "timeout").inc()
             raise RequestTimeoutError(
-                f"model {self.name}: no answer within {self.timeout_s:g} s (request_timeout_s): "
+                f"model {self.name}: no answer within {self.timeout_s:g} s (request_timeout_s"
+                + (f", {waited_s:.3g} s of it in line for memory" if waited_s else "") + "): "
                 "the service is busy or the request is large; retry, or send fewer samples"
             ) from None
         except asyncio.CancelledError:  # the client went: no ghost in the count

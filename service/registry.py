@@ -171,7 +171,7 @@ class Registry:
         self.admission = Admission(lambda: self.arbiters["cpu"].leased if "cpu" in self.arbiters
                                    else 0, self.one_sample_bytes,
                                    margin=settings.memory_margin_bytes,
-                                   wait_s=settings.admit_wait_s)
+                                   wait_s=settings.line_wait_s)
         if settings.device != "cpu":
             self.admission.active = False
         self.arbiter(settings.device)

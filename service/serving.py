@@ -269,8 +269,10 @@ async def run(decoded: Decoded, state: Any) -> Outcome:
     ``request_timeout_s`` (the batcher's)."""
     entry = decoded.entry
     assert entry.batcher is not None
+    ticket = getattr(state, "vbs_ticket", None)  # its wait in line counts toward the timeout
     outcome = await entry.batcher.submit(decoded.x, decode_s=decoded.decode_s,
-                                         encode=decoded.encoder(), field=decoded.field)
+                                         encode=decoded.encoder(), field=decoded.field,
+                                         waited_s=ticket.waited_s if ticket is not None else 0.0)
     state.vbs_timing = outcome.timing  # the middleware counts what the rest of the server took
     state.vbs_outcome = outcome  # and records it for the live view (service.live)
     return outcome

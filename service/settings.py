@@ -90,10 +90,11 @@ class Settings(PlannerSettings):
                                     description="most memory a plan may use (bytes or 64MB); 0 = what is free")
     memory_margin_bytes: int = Field(default=0, ge=0,
                                      description="memory kept back from plans (bytes or 16MB)")
-    admit_wait_s: float = Field(default=2.0, ge=0, le=3600,
-                                description="under a memory limit, how long a request waits in "
-                                            "line, its body unread, for memory to free before "
-                                            "503 with Retry-After")
+    admit_wait_s: float | None = Field(
+        default=None, ge=0, le=3600,
+        description="under a memory limit, how long a request waits in line, its body unread, "
+                    "for memory to free before 503 with Retry-After (default: its whole "
+                    "request_timeout_s; the wait counts toward that timeout)")
     memory_sharing: Literal["arbiter", "static", "none"] = Field(
         default="arbiter",
         description="how models on one device share its memory: arbiter (leases, shares from "
@@ -189,6 +190,13 @@ class Settings(PlannerSettings):
             raise ValueError(f"store_retry_cap_s {self.store_retry_cap_s} must be >= "
                              f"store_retry_base_s {self.store_retry_base_s}")
         return self
+
+    @property
+    def line_wait_s(self) -> float:
+        """How long a request waits in line for memory under a limit: ``admit_wait_s``, never
+        past its request timeout (the wait counts toward it)."""
+        wait = self.request_timeout_s if self.admit_wait_s is None else self.admit_wait_s
+        return min(wait, self.request_timeout_s)
 
     @model_validator(mode="after")
     def _check_memory_names(self) -> Settings:

@@ -93,9 +93,14 @@ def test_full_now_waits_then_503_and_fifo_when_memory_frees(recorded: Recorded) 
         assert refused.value.retry_after >= 1
         order: list[str] = []
 
+        assert first.waited_s == 0.0  # admitted at once
+        waited: list[float] = []
+
         async def late(name: str) -> None:
             ticket = await admission.admit("m", big)
+            assert ticket is not None
             order.append(name)
+            waited.append(ticket.waited_s)  # it counts toward the request's timeout
             admission.release(ticket)
 
         waiting = [asyncio.create_task(late(n)) for n in ("a", "b")]
@@ -104,6 +109,7 @@ def test_full_now_waits_then_503_and_fifo_when_memory_frees(recorded: Recorded) 
         admission.release(first)
         await asyncio.gather(*waiting)
         admission.release(second)
+        assert all(w >= 0.04 for w in waited), waited  # they waited the 0.05 s above at least
         return order
 
     assert asyncio.run(scenario()) == ["a", "b"]
@@ -160,3 +166,13 @@ def test_plans_get_what_is_left_less_the_reserve(recorded: Recorded) -> None:
     recorded.use(LIMIT - 2 * MARGIN)
     assert admission.plan_free() == int((2 * MARGIN - MARGIN // 4) / GROWTH)
     admission.release(ticket)
+
+
+def test_the_line_waits_up_to_the_request_timeout_by_default() -> None:
+    """A request waits in line for memory as long as it may wait for its answer (its body
+    unread, it holds nothing meanwhile), never past that: the wait counts toward it."""
+    from service.settings import Settings
+
+    assert Settings(request_timeout_s=45).line_wait_s == 45
+    assert Settings(request_timeout_s=45, admit_wait_s=2).line_wait_s == 2
+    assert Settings(request_timeout_s=45, admit_wait_s=600).line_wait_s == 45

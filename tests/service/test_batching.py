@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from core.errors import InfeasibleError
+from service.errors import RequestTimeoutError
 from service.settings import Settings
 from service.main import create_app
 from tests.service.conftest import (TINY_SHAPE, Gate, assert_close, assert_error, reference,
@@ -120,6 +121,29 @@ def test_a_request_not_answered_in_time_gets_504(make_settings: Callable[..., Se
             # the timed-out request queued behind the held batch never ran
             await wait_until(lambda: entry.batcher.waiting == 0)
             assert gate.batches == 2
+
+    run(main())
+
+
+def test_a_wait_in_line_for_memory_counts_toward_the_timeout(
+        make_settings: Callable[..., Settings]) -> None:
+    """A request that spent its whole request_timeout_s in line for memory (``waited_s``,
+    service.admission) gets 504 at once when queued, not another timeout later."""
+    app = create_app(make_settings(request_timeout_s=60))
+
+    async def main() -> None:
+        async with running(app) as client:
+            entry = app.state.registry.entries["tiny"]
+            gate = Gate(entry)
+            body = {"inputs": x_(1, 0).tolist()}
+            held = asyncio.create_task(client.post("/infer", json=body))  # the model is busy
+            await asyncio.wait_for(gate.entered.wait(), 30)
+            late = entry.batcher.submit(x_(1, 1), waited_s=60.0)
+            with pytest.raises(RequestTimeoutError, match="60 s of it in line for memory"):
+                await asyncio.wait_for(late, 10)  # not the 60 s of a fresh request
+            await wait_until(lambda: entry.batcher.waiting == 0)
+            gate.open()
+            assert (await held).status_code == 200
 
     run(main())
 
