@@ -104,16 +104,22 @@ class Admission:
     """The ledger of one CPU device under a cgroup memory limit (see the module doc).
 
     ``leased`` reads the arbiter's live leases; ``need`` the bytes of a one-sample plan of a
-    model (None: the largest of the models served); ``margin`` the configured margin (0: the
-    default under a limit, ``MIN_MARGIN`` or 1/``MARGIN_SHARE`` of the limit).
+    model (None: the largest of the models served); ``want`` the bytes at which its batches
+    run at working speed (``workers.shares.working_bytes``; default ``need``): requests are
+    admitted only while that much is left for the plans (as far as the limit allows), since a
+    request decoded early gains nothing while it starves the batch that runs to one-sample
+    plans; ``margin`` the configured margin (0: the default under a limit, ``MIN_MARGIN`` or
+    1/``MARGIN_SHARE`` of the limit).
     """
 
     def __init__(self, leased: Callable[[], int], need: Callable[[str | None], int], *,
+                 want: Callable[[str | None], int] | None = None,
                  margin: int = 0, wait_s: float,
                  read: Callable[[], CgroupMemory | None] = read_cgroup,
                  trim: Callable[[], None] | None = None) -> None:
         self._leased = leased
         self._need = need
+        self._want = want or need
         self._read = read
         self._trim = trim if trim is not None else _trimmer()
         self._margin_setting = margin
@@ -181,8 +187,9 @@ class Admission:
             capacity = self._capacity(reading)
             room = capacity - self._held_total
             unread = self._unread_total
-        need = self._need(None)
-        reserve = max(0, min(capacity // RESERVE_SHARE, room - int(GROWTH * need)))
+        want = max(self._need(None), self._want(None))
+        # requests arriving meanwhile get a reserve, but not below the plans' working bytes
+        reserve = max(0, min(capacity // RESERVE_SHARE, room - int(GROWTH * want)))
         # the group now, less the bodies still coming in and a quarter of the margin for what
         # else is in flight (the ledger keeps all of it); the arbiter adds its live leases
         headroom = reading.free - unread - self.margin(reading.limit) // 4
@@ -222,12 +229,16 @@ class Admission:
                     f"{self._idle} in use when idle, {margin} margin); send fewer samples per "
                     "request, or raise the memory limit")
             leased = self._leased()
+            # what the plans keep beside it: their working bytes, or as much of them as this
+            # request alone leaves under the limit (at least a one-sample plan)
+            want = max(need, min(self._want(model), int((capacity - hold) / GROWTH)))
+            plans = int(GROWTH * max(leased, want))
             # the ledger: what is held and leased, and this one, within the limit
-            if self._held_total + hold + int(GROWTH * max(leased, need)) > capacity:
+            if self._held_total + hold + plans > capacity:
                 return None
             # and the group as the kernel counts it now: what is not in it yet (bodies not
             # read, plans not allocated, a plan to run them) must fit in its headroom
-            if self._unread_total + hold + GROWTH * max(leased, need) > reading.free - margin:
+            if self._unread_total + hold + plans > reading.free - margin:
                 return None
             self._next += 1
             self._held[self._next] = hold

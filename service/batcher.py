@@ -464,6 +464,9 @@ class Batcher:
             dtype = torch.float32 if loaded.torch_dtype == torch.bfloat16 else loaded.torch_dtype
             buffer = torch.empty((max(n, self.worker.batch_max), *self.worker.capture.input_shape),
                                  dtype=dtype, pin_memory=loaded.device.type == "cuda")
+            # its pages now, not when the first full batch writes them: in the group's working
+            # set from the start, which the memory limit's ledger reads as what stays
+            buffer.numpy().fill(0)
             self._buffer = (buffer, buffer.numpy())
         return self._buffer
 

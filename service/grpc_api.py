@@ -10,6 +10,9 @@ or ``NOT_FOUND``, never ``INTERNAL``; a model loading, a full queue or a shutdow
 (metadata ``authorization: Bearer <key>``) when one is set; health and metadata are open, as
 over HTTP.
 
+Under a memory limit a call waits in the HTTP requests' line for memory
+(``service.admission``), its message counted as held (gRPC has read it already).
+
 Handlers are coroutines on the event loop uvicorn runs (grpc.aio). A small request is decoded
 there (raw bytes are viewed, not read), a large one in a worker thread; the batch runs on the
 model's thread, which also encodes each request's output, so the loop only moves futures and
@@ -31,6 +34,7 @@ from fastapi.security.utils import get_authorization_scheme_param
 from core.errors import VbsError
 from service.settings import Settings
 from service import codecs, grpc_codec, serving
+from service.admission import Ticket, estimate_hold
 from service.deps import check_api_key
 from service.errors import ModelNotFoundError, field_error, status_of
 from service.metrics import NO_MODEL, Metrics
@@ -150,14 +154,37 @@ class InferenceService(rpc.GRPCInferenceServiceServicer):
         entry = self._entry(request.model_name, request.model_version, "model_name",
                             "model_version")
         call.model = entry.name
-        req, x, decode_s = await self._decode(request, entry)
-        assert entry.batcher is not None
-        outcome = await entry.batcher.submit(x, decode_s=decode_s,
-                                             encode=grpc_codec.encoder(req.binary_output),
-                                             field=req.inputs[0].data_where or "inputs[0]")
-        call.outcome = outcome
-        return grpc_codec.response(entry.name, req.id, outcome.y, outcome.encoded,
-                                   req.binary_output, serving.v2_parameters(outcome))
+        admission = self.registry.admission
+        ticket = await self._admit(request, entry)
+        try:
+            req, x, decode_s = await self._decode(request, entry)
+            if ticket is not None:
+                raw = request.raw_input_contents
+                serving.hold_samples(admission, ticket, request.ByteSize(),
+                                     raw[0] if len(raw) else None, x, entry.output_shape)
+            assert entry.batcher is not None
+            outcome = await entry.batcher.submit(
+                x, decode_s=decode_s, encode=grpc_codec.encoder(req.binary_output),
+                field=req.inputs[0].data_where or "inputs[0]",
+                waited_s=ticket.waited_s if ticket is not None else 0.0)
+            call.outcome = outcome
+            return grpc_codec.response(entry.name, req.id, outcome.y, outcome.encoded,
+                                       req.binary_output, serving.v2_parameters(outcome))
+        finally:
+            admission.release(ticket)
+
+    async def _admit(self, request: Any, entry: ModelEntry) -> Ticket | None:
+        """Under a memory limit, a place in the ledger before the request is decoded (None:
+        no limit): as over HTTP, but gRPC has read the message already, so it is counted as
+        held at once and only its decoding and its plan wait in line."""
+        admission = self.registry.admission
+        if not admission.active:
+            return None
+        size = request.ByteSize()
+        ticket = await admission.admit(entry.name, estimate_hold(size, "binary"))
+        if ticket is not None:
+            admission.resize(ticket, 0)  # in memory already, not to come: only held
+        return ticket
 
     async def _decode(self, request: Any, entry: ModelEntry
                       ) -> tuple[codecs.V2Request, Any, float]:

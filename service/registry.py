@@ -46,6 +46,7 @@ from service.errors import ModelNotFoundError, RequestError, UnavailableError
 from service.metrics import MemoryListener, Metrics
 from workers.arbiter import Arbiter
 from workers.memory import MemoryProbe
+from workers.shares import working_bytes
 
 log = logging.getLogger("vbs.service")
 # answers kept per model for /plan and the page: plan descriptions (a few KB each), curves, tree
@@ -169,7 +170,7 @@ class Registry:
         self.probes: dict[str, MemoryProbe] = {}  # device -> the one reading of its free memory
         # under a cgroup memory limit (CPU): what requests hold counts as the plans do
         self.admission = Admission(lambda: self.arbiters["cpu"].leased if "cpu" in self.arbiters
-                                   else 0, self.one_sample_bytes,
+                                   else 0, self.one_sample_bytes, want=self.working_bytes,
                                    margin=settings.memory_margin_bytes,
                                    wait_s=settings.line_wait_s)
         if settings.device != "cpu":
@@ -235,6 +236,16 @@ class Registry:
         if entry is not None and entry.ready:
             return int(entry.table.min_peaks[0])
         return max((int(e.table.min_peaks[0]) for e in self.entries.values() if e.ready),
+                   default=0)
+
+    def working_bytes(self, name: str | None = None) -> int:
+        """The bytes at which model ``name``'s batches run at working speed
+        (``workers.shares.working_bytes``; None or not ready: the largest of the ready
+        models'; 0 when none is ready)."""
+        entry = self.entries.get(name) if name is not None else None
+        if entry is not None and entry.ready:
+            return working_bytes(entry.table)
+        return max((working_bytes(e.table) for e in self.entries.values() if e.ready),
                    default=0)
 
     def arbiter(self, device: str) -> Arbiter:

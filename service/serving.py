@@ -30,6 +30,7 @@ from starlette.responses import Response
 
 from service.settings import Settings
 from service import codecs
+from service.admission import Admission, Ticket
 from service.batcher import Outcome
 from service.deps import InferQuery, inference_call, release_ticket
 from service.errors import PayloadTooLargeError, UnsupportedMediaError, field_error
@@ -252,16 +253,22 @@ def hold(request: Request, body: bytes, decoded: Decoded) -> None:
     body) and its outputs now; the ledger learns the exact bytes (503 when more than its
     Content-Length said and no longer fitting)."""
     ticket = getattr(request.state, "vbs_ticket", None)
-    if ticket is None:
-        return
-    x = decoded.x
-    held = len(body)
-    if not (held and np.may_share_memory(x, np.frombuffer(body, np.uint8))):
+    if ticket is not None:
+        hold_samples(request.app.state.registry.admission, ticket, len(body), body,
+                     decoded.x, decoded.entry.output_shape)
+
+
+def hold_samples(admission: Admission, ticket: Ticket, held: int, body: bytes | None,
+                 x: np.ndarray, output_shape: tuple[int, ...]) -> None:
+    """The exact bytes a decoded request holds, for the ledger: ``held`` bytes of message,
+    its samples ``x`` unless a view of ``body`` (the bytes they were decoded from), and its
+    outputs with their encoding; kept as long as ``x`` lives (a batch may keep the samples
+    after a timeout answered the request)."""
+    if not (body and np.may_share_memory(x, np.frombuffer(body, np.uint8))):
         held += x.nbytes
-    out = int(np.prod(decoded.entry.output_shape, dtype=np.int64)) * 4 * x.shape[0]
-    admission = request.app.state.registry.admission
+    out = int(np.prod(output_shape, dtype=np.int64)) * 4 * x.shape[0]
     admission.resize(ticket, held + 3 * out)  # y, and its encoding
-    admission.keep(ticket, x)  # a batch may keep the samples after a timeout answered it
+    admission.keep(ticket, x)
 
 
 async def run(decoded: Decoded, state: Any) -> Outcome:

@@ -86,6 +86,28 @@ def time_per_sample(table: PlanTable, r: int, budgets: np.ndarray) -> np.ndarray
     return _times.put(key, (table, out))[1]
 
 
+WORKING_WITHIN = 0.10  # a plan within this much of the fastest time per sample is working speed
+_working: LRU[tuple[PlanTable, int]] = LRU(_CACHED)
+
+
+def working_bytes(table: PlanTable, within: float = WORKING_WITHIN) -> int:
+    """The fewest bytes at which a request of ``batch_max`` samples runs within ``within`` of
+    its fastest time per sample (in the largest pieces that fit, as the worker runs it): what
+    a batch needs to run near full speed, where one sample at a time may cost far more (0:
+    the table has no plan). Lookups only; cached per table."""
+    found = _working.get(id(table))
+    if found is not None and found[0] is table:
+        return found[1]
+    peaks = [row.peaks for row in table.rows if len(row.peaks)]
+    if not peaks:
+        return 0
+    budgets = np.unique(np.concatenate(peaks))
+    tps = time_per_sample(table, table.batch_max, budgets)
+    fastest = float(tps.min())
+    at = int(np.flatnonzero(tps <= fastest * (1.0 + within))[0])
+    return _working.put(id(table), (table, int(budgets[at])))[1]
+
+
 def divide(budget: int, wants: Sequence[Want], levels: int = LEVELS) -> dict[str, int]:
     """Bytes for each model, summing to ``budget`` (see the module doc)."""
     if not wants:

@@ -118,6 +118,32 @@ def test_full_now_waits_then_503_and_fifo_when_memory_frees(recorded: Recorded) 
     assert ledger.admitted == 4 and ledger.refused_busy == 1
 
 
+def test_requests_leave_the_plans_their_working_bytes(recorded: Recorded) -> None:
+    """Where a batch runs at working speed only with WANT bytes (more than a one-sample
+    plan's), requests are admitted only while the plans keep them: a request decoded early
+    gains nothing and would leave the batch one-sample plans."""
+    want = 64 * MiB
+    admission = Admission(lambda: 0, lambda model: NEED, want=lambda model: want,
+                          margin=MARGIN, wait_s=0.1, read=recorded.read, trim=lambda: None)
+    capacity = LIMIT - IDLE - MARGIN
+    hold = (capacity - int(GROWTH * want)) // 2  # two fit beside the working plans, exactly
+
+    async def scenario() -> None:
+        first = await admission.admit("m", hold)
+        second = await admission.admit("m", hold)
+        with pytest.raises(UnavailableError):  # a third, however small, would eat into them
+            await admission.admit("m", MiB)
+        assert admission.plan_free() >= want
+        admission.release(first)
+        admission.release(second)
+
+    asyncio.run(scenario())
+    # a request too large to leave the working bytes still runs, on what is left
+    alone = capacity - int(GROWTH * NEED)
+    ticket = asyncio.run(admission.admit("m", alone))
+    assert ticket is not None and admission.plan_free() >= NEED
+
+
 def test_the_live_group_counts_too(recorded: Recorded) -> None:
     """The ledger has room, but the group's working set (something the ledger does not know
     of) leaves none: the request waits, then 503."""

@@ -1,6 +1,7 @@
 """A real `vbs serve` inside a memory cgroup this test creates: it reports the limit on
 ``GET /models`` and keeps the group's peak usage under it through a burst of concurrent
-requests, each answered 200 or 503 with Retry-After (none lost, the process never killed).
+requests over HTTP and gRPC, each answered 200 (OK) or 503 (UNAVAILABLE) with Retry-After (none
+lost, the process never killed).
 
 Needs root and a writable memory cgroup (v1 memory controller, or v2 with ``memory`` in the
 root's ``cgroup.subtree_control``); skipped with the reason elsewhere. The server starts under
@@ -22,6 +23,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import httpx
 import numpy as np
 import pytest
@@ -33,6 +35,7 @@ MiB = 2**20
 MODEL, SHAPE, BATCH_MAX = "squeezenet1_0", (3, 160, 160), 8
 HEADROOM = 160 * MiB
 CLIENTS, ROUNDS, SAMPLES = 32, 2, 8  # 32 x 8 x 0.3 MB in flight: bodies alone ~ 80 MB, x3 held
+GRPC_CALLS = 8  # beside them, over gRPC
 READY_S = 150.0
 
 
@@ -61,10 +64,11 @@ def _npy(x: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def _serve(group: MemoryGroup, tmp: Path, port: int) -> subprocess.Popen[bytes]:
+def _serve(group: MemoryGroup, tmp: Path, port: int, grpc_port: int
+           ) -> subprocess.Popen[bytes]:
     """`vbs serve` started inside ``group`` (the shell joins it, then becomes the server)."""
     env = {**os.environ, "VBS_CACHE_DIR": str(tmp / "cache"), "VBS_PROFILE_REPEATS": "1",
-           "VBS_PROFILE_WARMUP": "0", "VBS_SLOT_COUNT": "64", "VBS_GRPC_PORT": "0",
+           "VBS_PROFILE_WARMUP": "0", "VBS_SLOT_COUNT": "64", "VBS_GRPC_PORT": str(grpc_port),
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                           os.environ.get("PYTHONPATH", "")])}
     serve = [sys.executable, "-c", "from service.commands import main; main()", "serve",
@@ -90,10 +94,35 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
     raise AssertionError(f"vbs serve not ready in {READY_S} s: {log.read_text()[-2000:]}")
 
 
-async def _burst(url: str, body: bytes, group: MemoryGroup) -> tuple[list[tuple[object, str | None]],
-                                                                  int]:
-    """CLIENTS clients, ROUNDS requests each, all at once; the group's working set sampled
-    meanwhile (the most seen)."""
+async def _grpc_calls(target: str, x: np.ndarray) -> list[tuple[str, str | None]]:
+    """GRPC_CALLS OIP v2 ModelInfer calls at once: each call's status code and its
+    retry-after trailer."""
+    from service.oip import pb, rpc
+
+    request = pb.ModelInferRequest(model_name=MODEL, raw_input_contents=[x.tobytes()])
+    request.inputs.add(name="input", datatype="FP32", shape=list(x.shape))
+    async with grpc.aio.insecure_channel(target, options=[
+            ("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+    ) as channel:
+        stub = rpc.GRPCInferenceServiceStub(channel)
+
+        async def one() -> tuple[str, str | None]:
+            call = stub.ModelInfer(request, timeout=120)
+            try:
+                answer = await call
+            except grpc.aio.AioRpcError as exc:
+                trailers = dict(exc.trailing_metadata() or ())
+                return exc.code().name, trailers.get("retry-after")
+            assert list(answer.outputs[0].shape) == [SAMPLES, 1000]
+            return "OK", None
+
+        return list(await asyncio.gather(*(one() for _ in range(GRPC_CALLS))))
+
+
+async def _burst(url: str, body: bytes, group: MemoryGroup, grpc_target: str, x: np.ndarray
+                 ) -> tuple[list[tuple[object, str | None]], list[tuple[str, str | None]], int]:
+    """CLIENTS clients over HTTP, ROUNDS requests each, and GRPC_CALLS calls over gRPC, all at
+    once; the group's working set sampled meanwhile (the most seen)."""
     seen = 0
     done = False
 
@@ -119,18 +148,20 @@ async def _burst(url: str, body: bytes, group: MemoryGroup) -> tuple[list[tuple[
     watcher = asyncio.create_task(sample())
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=CLIENTS)) \
             as http:
-        await asyncio.gather(*(client(http, out) for _ in range(CLIENTS)))
+        _, by_grpc = await asyncio.gather(
+            asyncio.gather(*(client(http, out) for _ in range(CLIENTS))),
+            _grpc_calls(grpc_target, x))
     done = True
     await watcher
-    return out, seen
+    return out, by_grpc, seen
 
 
 def test_vbs_serve_stays_under_its_cgroup_limit_through_a_burst(group: MemoryGroup,
                                                                 tmp_path: Path) -> None:
     group.set_limit(4096 * MiB)  # loose while it profiles and loads
-    port = free_port()
+    port, grpc_port = free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = _serve(group, tmp_path, port)
+    proc = _serve(group, tmp_path, port, grpc_port)
     try:
         _wait_ready(url, proc, tmp_path / "serve.log")
         rng = np.random.default_rng(0)
@@ -152,7 +183,9 @@ def test_vbs_serve_stays_under_its_cgroup_limit_through_a_burst(group: MemoryGro
         assert 0 < info["plans_may_use_bytes"] < HEADROOM
 
         x = rng.standard_normal((SAMPLES, *SHAPE)).astype(np.float32)
-        out, seen = asyncio.run(asyncio.wait_for(_burst(url, _npy(x), group), 120))
+        admitted = info["admitted"]
+        out, by_grpc, seen = asyncio.run(asyncio.wait_for(
+            _burst(url, _npy(x), group, f"127.0.0.1:{grpc_port}", x), 150))
 
         assert proc.poll() is None, "vbs serve was killed"
         assert group.oom_kills() == kills
@@ -164,14 +197,20 @@ def test_vbs_serve_stays_under_its_cgroup_limit_through_a_burst(group: MemoryGro
         assert counts[200] >= CLIENTS // 4, counts  # it served, it did not refuse everything
         assert all(after is not None and int(after) >= 1 for status, after in out
                    if status == 503)
-        print(f"limit {limit >> 20} MiB, peak {max(seen, peak or 0) >> 20} MiB, {dict(counts)}")
+        grpc_codes = Counter(code for code, _ in by_grpc)  # gRPC goes through the same line
+        assert set(grpc_codes) <= {"OK", "UNAVAILABLE"}, grpc_codes
+        assert all(after is not None and int(after) >= 1 for code, after in by_grpc
+                   if code == "UNAVAILABLE")
+        print(f"limit {limit >> 20} MiB, peak {max(seen, peak or 0) >> 20} MiB, {dict(counts)}, "
+              f"gRPC {dict(grpc_codes)}")
         for _ in range(20):  # every answered request gives back what it held
             info = httpx.get(url + "/models", timeout=10).json()["memory_limit"]
             if info["requests"] == 0:
                 break
             time.sleep(0.25)
         assert info["requests"] == 0 and info["held_bytes"] == 0, info
-        assert info["admitted"] >= counts[200]
+        # every request answered over either protocol had a place in the ledger
+        assert info["admitted"] - admitted >= counts[200] + grpc_codes["OK"], (info, admitted)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -28,7 +28,7 @@ from core.table import PlanTable
 from planner.solver.tables import build_table
 from workers.arbiter import Arbiter
 from workers.memory import MemoryProbe
-from workers.shares import Want, demand_level, divide, time_per_sample
+from workers.shares import Want, demand_level, divide, time_per_sample, working_bytes
 from workers.worker import Worker
 
 MB = 1_000_000
@@ -130,6 +130,21 @@ def test_the_knapsack_finds_the_least_total_time(tables: dict[str, PlanTable]) -
                                                          np.array([shares[w.name]]))[0]
                   for w in wants)
         assert got <= best * (1 + 1e-12)
+
+
+def test_working_bytes_are_the_fewest_within_a_tenth_of_the_fastest(
+        tables: dict[str, PlanTable]) -> None:
+    """Against every byte count where a plan starts: the first at which a full request runs
+    within 10% of its fastest time per sample, and none before it does."""
+    for table in tables.values():
+        got = working_bytes(table)
+        peaks = sorted({int(p) for row in table.rows for p in row.peaks})
+        tps = {m: float(time_per_sample(table, table.batch_max, np.array([m]))[0])
+               for m in peaks}
+        fastest = min(tps.values())
+        assert got in tps and tps[got] <= fastest * 1.10
+        assert all(tps[m] > fastest * 1.10 for m in peaks if m < got)
+        assert int(table.min_peaks[0]) <= got <= table.top_bytes
 
 
 def test_shares_follow_demand_and_an_idle_model_keeps_only_its_minimum(
