@@ -25,7 +25,9 @@ lost; anything else that is not a 200 (a connection dropped by a killed server, 
 failed/lost. For each server and limit: the group's OOM kills (the kernel's count), requests
 answered / refused / failed, samples/s answered over the bursts' wall time, p50/p99 of the
 answered requests, and the group's peak usage (v1 ``memory.max_usage_in_bytes``, v2
-``memory.peak``). A server that dies is not restarted within its limit: its later requests fail.
+``memory.peak``); for vbs-serve also what its answers say ran them: the pieces the batches
+ran in (and how many of one sample), the median memory their plans were chosen for, and the
+table's time per sample of those plans. A server that dies is not restarted within its limit: its later requests fail.
 """
 
 from __future__ import annotations
@@ -141,6 +143,7 @@ async def burst(url: str, fmt: str, most: int, sizes: list[list[int]], shape: tu
 
     answered = refused = failed = samples = 0
     latencies: list[float] = []
+    plans: list[tuple[int, int, float]] = []  # vbs-serve's: (samples, budget, predicted s/sample)
 
     async def one(http: httpx.AsyncClient, n: int) -> str:
         b, h = body(n)
@@ -149,6 +152,9 @@ async def burst(url: str, fmt: str, most: int, sizes: list[list[int]], shape: tu
         except httpx.HTTPError:
             return "failed"
         if r.status_code == 200:
+            if fmt == "npy":  # vbs-serve says which plans ran each piece of the request
+                plans.extend((p["batch"], p["budget_bytes"], p["predicted_time_per_sample_s"])
+                             for p in r.json()["plans"])
             return "ok"
         if r.status_code == 503 and r.headers.get("retry-after"):
             return "refused"
@@ -176,7 +182,7 @@ async def burst(url: str, fmt: str, most: int, sizes: list[list[int]], shape: tu
         await asyncio.gather(*(client(http, mine) for mine in sizes))
     wall = time.perf_counter() - t0
     return {"clients": clients, "answered": answered, "refused": refused, "failed": failed,
-            "samples": samples, "wall_s": wall, "latencies": latencies}
+            "samples": samples, "wall_s": wall, "latencies": latencies, "plans": plans}
 
 
 def run_config(config: str, limit: int, args: argparse.Namespace,
@@ -202,6 +208,7 @@ def run_config(config: str, limit: int, args: argparse.Namespace,
         bursts = [asyncio.run(burst(f"http://127.0.0.1:{port}{path}", fmt, most, s, args.shape,
                                     args.timeout)) for s in sizes]
         lat = sorted(x for b in bursts for x in b.pop("latencies"))
+        plans = [p for b in bursts for p in b["plans"]]
         wall = sum(b["wall_s"] for b in bursts)
         row.update(
             oom_kills=group.oom_kills() - kills, alive=process.poll() is None,
@@ -212,7 +219,11 @@ def run_config(config: str, limit: int, args: argparse.Namespace,
             samples_per_s=sum(b["samples"] for b in bursts) / wall if wall else 0.0,
             p50_s=lat[len(lat) // 2] if lat else None,
             p99_s=lat[min(len(lat) - 1, math.ceil(0.99 * len(lat)) - 1)] if lat else None,
-            peak_bytes=group.peak(), bursts=bursts)
+            peak_bytes=group.peak(), bursts=bursts,
+            pieces=len(plans), one_sample_pieces=sum(1 for n, _, _ in plans if n == 1),
+            budget_p50=_median([m for _, m, _ in plans]),
+            predicted_per_sample_s=(sum(n * t for n, _, t in plans) / sum(n for n, _, _ in plans)
+                                    if plans else None))
         return row
     finally:
         stop(process)
@@ -253,8 +264,9 @@ def main() -> None:
 
             args.onnx = export_onnx(args.model, args.shape, Path(work) / f"{args.model}.onnx")
         print("| server | limit (MiB) | OOM kills | answered | refused (503) | failed/lost | "
-              "samples/s | p50 (ms) | p99 (ms) | group peak (MiB) |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              "samples/s | p50 (ms) | p99 (ms) | group peak (MiB) | vbs pieces (one sample) | "
+              "vbs plan budget p50 (MiB) | vbs predicted ms/sample |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for limit in limits:
             for config in args.servers.split(","):
                 row = run_config(config, limit, args, sizes)
@@ -264,16 +276,22 @@ def main() -> None:
             Path(args.json).write_text(json.dumps(rows, indent=1))
 
 
+def _median(values: list[int]) -> int | None:
+    return sorted(values)[len(values) // 2] if values else None
+
+
 def table_row(row: dict[str, Any]) -> str:
     mib = row["limit_bytes"] / MiB
     if not row.get("started"):
         return (f"| {row['server']} | {mib:.0f} | {row.get('oom_kills', 0)} | did not start: "
-                f"{row.get('error')} | | | | | | {row.get('peak_bytes', 0) / MiB:.0f} |")
+                f"{row.get('error')} | | | | | | {row.get('peak_bytes', 0) / MiB:.0f} | | | |")
     ms = (lambda s: f"{1e3 * s:.0f}" if s is not None else "-")
     dead = "" if row["alive"] else " (dead)"
+    plans = (f"{row['pieces']} ({row['one_sample_pieces']}) | {row['budget_p50'] / MiB:.1f} | "
+             f"{1e3 * row['predicted_per_sample_s']:.0f}" if row["pieces"] else "— | — | —")
     return (f"| {row['server']} | {mib:.0f} | {row['oom_kills']}{dead} | {row['answered']} | "
             f"{row['refused']} | {row['failed']} | {row['samples_per_s']:.1f} | "
-            f"{ms(row['p50_s'])} | {ms(row['p99_s'])} | {row['peak_bytes'] / MiB:.0f} |")
+            f"{ms(row['p50_s'])} | {ms(row['p99_s'])} | {row['peak_bytes'] / MiB:.0f} | {plans} |")
 
 
 if __name__ == "__main__":

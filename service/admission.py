@@ -10,12 +10,16 @@ kept as a ledger:
 The idle working set is read whenever nothing is held or leased (weights, runtimes, caches:
 what stays), after giving the allocator's free pages back (``malloc_trim``). A request is
 admitted before its body is read, on its Content-Length: its estimated hold (``HOLD_FACTORS``)
-and a one-sample plan must fit in the ledger, and what is not in the group yet (bodies unread,
-plans not allocated) in the group's headroom read now; one that does not fit waits in line
+and the plans' working bytes (what a full batch needs to run near its best speed, or as much of
+it as the limit leaves beside this request, at least a one-sample plan) must fit in the ledger,
+and what is not in the group yet (bodies unread, plans not allocated) in the group's headroom
+read now: a request decoded early gains nothing, while the batch it starves runs one sample at
+a time; one that does not fit waits in line
 (FIFO, its body unread, so holding nothing) up to ``wait_s`` (`VBS_ADMIT_WAIT_S`; by default
 its whole request timeout, which the wait counts toward), then gets 503 with Retry-After; one
 that would not fit even in an idle server gets 413 naming the limit at once. Plans may use what
-the ledger leaves, less a reserve for requests arriving meanwhile, and never more than the group's
+the ledger leaves, less a reserve for requests arriving meanwhile (never below their working
+bytes), and never more than the group's
 headroom read now (``plan_free``, the memory probe's source); a batch for which that is less
 than a one-sample plan waits for memory (``ceiling``), it never starts. Without a limit
 nothing is refused here: the probe reads MemAvailable as before.
@@ -53,6 +57,25 @@ REBASE_S = 0.5           # the idle working set is read at most this often
 # counts this many times against the limit (docs/operations.md, "Sizing a memory limit")
 GROWTH = 2.0
 POLL_S = 0.005           # the first in line re-reads the group this often
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+MMAP_THRESHOLD = 1 << 20  # larger blocks are mapped alone, and unmapped when freed
+
+
+def _map_large_blocks() -> None:
+    """glibc's malloc maps blocks of at least ``MMAP_THRESHOLD`` bytes alone, and gives them
+    back when freed (no-op elsewhere). By default the threshold rises to the largest block
+    freed (up to 32 MiB), so request bodies and decoded samples end up in the heaps of its
+    per-thread arenas, which keep them after they are freed: memory no request holds, that the
+    limit's ledger sees only as use."""
+    name = ctypes.util.find_library("c")
+    try:
+        mallopt = ctypes.CDLL(name).mallopt if name else None
+    except (OSError, AttributeError):
+        mallopt = None
+    if mallopt is not None:
+        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
 
 
 def _trimmer() -> Callable[[], None]:
@@ -137,6 +160,8 @@ class Admission:
         self._admitted = self._busy = self._too_large = 0
         first = read()
         self.active = first is not None and first.limit is not None
+        if self.active and trim is None:  # the process's own allocator (tests pass their own)
+            _map_large_blocks()
         if self.active and first is not None:
             self._idle = first.working_set  # read again once the models are loaded (rebase)
 
