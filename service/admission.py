@@ -8,7 +8,10 @@ kept as a ledger:
     limit = idle working set + what admitted requests hold + GROWTH x live leases + margin
 
 The idle working set is read whenever nothing is held or leased (weights, runtimes, caches:
-what stays), after giving the allocator's free pages back (``malloc_trim``). A request is
+what stays), after giving the allocator's free pages back (``malloc_trim``); blocks of 1 MiB and
+more (bodies, samples) are mapped alone and given back when freed (``mallopt``), or the
+allocator's per-thread heaps would keep them and the idle use would grow under the burst until
+no plan fits. A request is
 admitted before its body is read, on its Content-Length: its estimated hold (``HOLD_FACTORS``)
 and the plans' working bytes (what a full batch needs to run near its best speed, or as much of
 it as the limit leaves beside this request, at least a one-sample plan) must fit in the ledger,
