@@ -8,24 +8,23 @@ kept as a ledger:
     limit = idle working set + what admitted requests hold + GROWTH x live leases + margin
 
 The idle working set is read whenever nothing is held or leased (weights, runtimes, caches:
-what stays), after giving the allocator's free pages back (``malloc_trim``); blocks of 1 MiB and
-more (bodies, samples) are mapped alone and given back when freed (``mallopt``), or the
-allocator's per-thread heaps would keep them and the idle use would grow under the burst until
-no plan fits. A request is
-admitted before its body is read, on its Content-Length: its estimated hold (``HOLD_FACTORS``)
-and the plans' working bytes (what a full batch needs to run near its best speed, or as much of
-it as the limit leaves beside this request, at least a one-sample plan) must fit in the ledger,
-and what is not in the group yet (bodies unread, plans not allocated) in the group's headroom
-read now: a request decoded early gains nothing, while the batch it starves runs one sample at
-a time; one that does not fit waits in line
-(FIFO, its body unread, so holding nothing) up to ``wait_s`` (`VBS_ADMIT_WAIT_S`; by default
-its whole request timeout, which the wait counts toward), then gets 503 with Retry-After; one
-that would not fit even in an idle server gets 413 naming the limit at once. Plans may use what
-the ledger leaves, less a reserve for requests arriving meanwhile (never below their working
-bytes), and never more than the group's
-headroom read now (``plan_free``, the memory probe's source); a batch for which that is less
-than a one-sample plan waits for memory (``ceiling``), it never starts. Without a limit
-nothing is refused here: the probe reads MemAvailable as before.
+what stays), after giving the allocator's free pages back (``malloc_trim``); blocks of 1 MiB
+and more (bodies, samples) are mapped alone and given back when freed (``mallopt``), or the
+allocator's per-thread heaps would keep them and the idle use would grow through a burst until
+no plan fits. A request is admitted before its body is read, on its Content-Length: its
+estimated hold (``HOLD_FACTORS``) and the plans' working bytes (what a full batch needs to run
+near its best speed, or as much of it as the limit leaves beside this request, at least a
+one-sample plan) must fit in the ledger, and what is not in the group yet (bodies unread, plans
+not allocated) in the group's headroom read now: a request decoded early gains nothing, while
+the batch it starves runs one sample at a time. One that does not fit waits in line (FIFO, its
+body unread, so holding nothing) up to ``wait_s`` (`VBS_ADMIT_WAIT_S`; by default its whole
+request timeout, which the wait counts toward), then gets 503 with Retry-After; one that would
+not fit even in an idle server gets 413 naming the limit at once. Plans may use what the
+ledger leaves, less a reserve for requests arriving meanwhile (never below their working
+bytes), and never more than the group's headroom read now (``plan_free``, the memory probe's
+source); a batch for which that is less than a one-sample plan waits for memory (``ceiling``),
+it never starts. Without a limit nothing is refused here: the probe reads MemAvailable as
+before.
 """
 
 from __future__ import annotations
