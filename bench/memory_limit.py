@@ -11,7 +11,10 @@ with the tables of a `vbs plan` run beforehand outside the limit (``--store``: p
 profiles every layer, which a pod does once, elsewhere); ``triton-ort-B`` is the
 ``tritonserver`` binary of nvidia-pytriton with its dynamic batcher at ``max_batch_size`` B
 feeding ONNX Runtime in its Python backend, with its defaults (``bench/peers_triton.py``), the
-same weights exported once. vbs-serve's own request timeout is the clients' (``--timeout``):
+same weights exported once; ``lit-ort-B`` is LitServe (``bench/peers.py serve-lit``) at
+``max_batch_size`` B, ONNX Runtime with its defaults (threads spinning) on the same export,
+each request a multipart .npy, whole (its batch gathers whole requests). vbs-serve's own
+request timeout is the clients' (``--timeout``):
 Triton has none, and a 504 after vbs-serve's default 30 s would count as lost while the client
 still waits.
 
@@ -79,6 +82,13 @@ def start(config: str, args: argparse.Namespace, group: MemoryGroup, port: int,
                "--store", args.store, "--port", str(port), "--grpc-port", "0",
                "--log-level", "warning"]
         path, fmt, most = "/infer", "npy", 16
+    elif config.startswith("lit-ort-"):  # LitServe, ONNX Runtime in its defaults (spinning)
+        batch = int(config.rsplit("-", 1)[1])
+        cmd = [sys.executable, str(ROOT / "bench" / "peers.py"), "serve-lit", "--model",
+               args.model, "--port", str(port), "--batch", str(batch), "--wait",
+               str(args.triton_wait), "--threads", str(args.threads), "--runtime", "ort",
+               "--onnx", str(args.onnx), "--shape", shape, "--spin"]
+        path, fmt, most = "/predict", "npy-form", 16  # its batch gathers requests whole
     else:
         batch = int(config.rsplit("-", 1)[1])
         cmd = [sys.executable, str(ROOT / "bench" / "peers.py"), "serve-triton", "--model",
@@ -106,14 +116,15 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 def wait_answering(url: str, fmt: str, shape: tuple[int, ...], process: subprocess.Popen[bytes],
                    timeout_s: float) -> str | None:
     """None once the server answers a one-sample request; else why not."""
-    body, headers, _ = request_body(np.zeros((1, *shape), np.float32), fmt)
+    body, headers, files = request_body(np.zeros((1, *shape), np.float32), fmt)
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=60) as client:
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 return f"exited {process.returncode} while starting"
             try:
-                if client.post(url, content=body, headers=headers).status_code == 200:
+                if client.post(url, content=body or None, headers=headers,
+                               files=files).status_code == 200:
                     return None
             except httpx.TransportError:
                 pass
@@ -133,12 +144,11 @@ async def burst(url: str, fmt: str, most: int, sizes: list[list[int]], shape: tu
     """One burst: every client at once, its requests one after the other."""
     rng = np.random.default_rng(1)
     sample = rng.standard_normal((16, *shape)).astype(np.float32)
-    bodies: dict[int, tuple[bytes, dict[str, str]]] = {}
+    bodies: dict[int, tuple[bytes, dict[str, str], Any]] = {}
 
-    def body(n: int) -> tuple[bytes, dict[str, str]]:
+    def body(n: int) -> tuple[bytes, dict[str, str], Any]:
         if n not in bodies:
-            b, h, _ = request_body(sample[:n], fmt)
-            bodies[n] = (b, h)
+            bodies[n] = request_body(sample[:n], fmt)  # (body, headers, multipart files)
         return bodies[n]
 
     answered = refused = failed = samples = 0
@@ -146,9 +156,9 @@ async def burst(url: str, fmt: str, most: int, sizes: list[list[int]], shape: tu
     plans: list[tuple[int, int, float]] = []  # vbs-serve's: (samples, budget, predicted s/sample)
 
     async def one(http: httpx.AsyncClient, n: int) -> str:
-        b, h = body(n)
+        b, h, files = body(n)
         try:
-            r = await http.post(url, content=b, headers=h)
+            r = await http.post(url, content=b or None, headers=h, files=files)
         except httpx.HTTPError:
             return "failed"
         if r.status_code == 200:
