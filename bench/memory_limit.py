@@ -30,7 +30,8 @@ answered / refused / failed, samples/s answered over the bursts' wall time, p50/
 answered requests, and the group's peak usage (v1 ``memory.max_usage_in_bytes``, v2
 ``memory.peak``); for vbs-serve also what its answers say ran them: the pieces the batches
 ran in (and how many of one sample), the median memory their plans were chosen for, and the
-table's time per sample of those plans. A server that dies is not restarted within its limit: its later requests fail.
+table's time per sample of those plans. A server that dies is not restarted within its limit:
+its later requests fail.
 """
 
 from __future__ import annotations

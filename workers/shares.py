@@ -87,7 +87,7 @@ def time_per_sample(table: PlanTable, r: int, budgets: np.ndarray) -> np.ndarray
 
 
 WORKING_WITHIN = 0.10  # a plan within this much of the fastest time per sample is working speed
-_working: LRU[tuple[PlanTable, int]] = LRU(_CACHED)
+_working: LRU[tuple[PlanTable, int]] = LRU(_CACHED)  # (id(table), within) -> (table, bytes)
 
 
 def working_bytes(table: PlanTable, within: float = WORKING_WITHIN) -> int:
@@ -95,7 +95,8 @@ def working_bytes(table: PlanTable, within: float = WORKING_WITHIN) -> int:
     its fastest time per sample (in the largest pieces that fit, as the worker runs it): what
     a batch needs to run near full speed, where one sample at a time may cost far more (0:
     the table has no plan). Lookups only; cached per table."""
-    found = _working.get(id(table))
+    key = (id(table), within)
+    found = _working.get(key)
     if found is not None and found[0] is table:
         return found[1]
     peaks = [row.peaks for row in table.rows if len(row.peaks)]
@@ -105,7 +106,7 @@ def working_bytes(table: PlanTable, within: float = WORKING_WITHIN) -> int:
     tps = time_per_sample(table, table.batch_max, budgets)
     fastest = float(tps.min())
     at = int(np.flatnonzero(tps <= fastest * (1.0 + within))[0])
-    return _working.put(id(table), (table, int(budgets[at])))[1]
+    return _working.put(key, (table, int(budgets[at])))[1]
 
 
 def divide(budget: int, wants: Sequence[Want], levels: int = LEVELS) -> dict[str, int]:
