@@ -96,7 +96,9 @@ def check_slot_bytes(slot_bytes: int) -> int:
 def parse_budgets(text: str, low: int, high: int) -> list[int]:
     """``15MB:40MB:5MB`` (inclusive), ``10MB,20MB``, or ``auto[:N]`` (N budgets from the
     least any plan of the request runs in up to where fbs runs it whole, spaced evenly on a
-    log scale: denser at the bottom, where memory binds and plans differ most)."""
+    log scale: denser at the bottom, where memory binds and plans differ most; fewer than N
+    where the range holds fewer distinct budgets, one where fbs-best's least is fbs's whole).
+    Always distinct and ascending for ``auto``: a budget twice would be two rows of one bench."""
     if text.startswith("auto"):
         try:
             n = int(text.split(":", 1)[1]) if ":" in text else 10
@@ -104,9 +106,11 @@ def parse_budgets(text: str, low: int, high: int) -> list[int]:
             raise UsageError(f"--memory {text!r}: give auto or auto:N with N a whole number") from None
         if n < 2:
             raise UsageError("--memory auto:N needs N >= 2")
-        if low <= 0 or high <= low:
-            return [int(low + (high - low) * k / (n - 1)) for k in range(n)]
-        return [int(round(low * (high / low) ** (k / (n - 1)))) for k in range(n)]
+        if high <= low:
+            return [low]
+        if low <= 0:
+            return sorted({int(low + (high - low) * k / (n - 1)) for k in range(n)})
+        return sorted({int(round(low * (high / low) ** (k / (n - 1)))) for k in range(n)})
     if ":" in text:
         parts = text.split(":")
         if len(parts) != 3:

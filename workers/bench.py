@@ -110,6 +110,7 @@ def run_bench(capture: Capture, profile: Profile, tables: dict[str, PlanTable], 
               ) -> tuple[list[Row], dict[str, Any], dict[tuple[str, int], Plan]]:
     """Look up, run interleaved, and measure every (strategy, budget); returns the rows, a
     summary, and the plan that ran for every (strategy, budget)."""
+    budgets = list(dict.fromkeys(budgets))  # a budget given twice is one row per strategy
     model = capture.model
     device = model.device
     ort = None
