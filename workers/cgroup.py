@@ -283,11 +283,18 @@ def read_cgroup(proc: Path = Path("/proc"), fs_root: Path = Path("/")) -> Cgroup
     return CgroupMemory(version, group, readings) if readings else None
 
 
+@functools.lru_cache(maxsize=16)
+def _proc_file(proc: Path, name: str) -> str:
+    """``proc/name`` as a string, joined once: read before every batch, where building a
+    path object costs more than the read (right after a model's call, on cold caches)."""
+    return os.path.join(proc, name)
+
+
 def read_headroom(proc: Path = Path("/proc"), fs_root: Path = Path("/")) -> int | None:
     """``read_cgroup(...).free`` read with the fewest files: every group's limit, and usage
     and ``memory.stat`` only where there is one (None: no limit on the path). What a worker
     reads before each batch, so it costs a few small reads, not the whole path's figures."""
-    groups_text = _read(proc / "self" / "cgroup")
+    groups_text = _read(_proc_file(proc, "self/cgroup"))
     located = None if groups_text is None else _locate(groups_text, proc, fs_root)
     if located is None:
         return None
@@ -355,7 +362,7 @@ def _locate(groups_text: str, proc: Path, fs_root: Path
 
 def mem_available(proc: Path = Path("/proc")) -> int | None:
     """The host's MemAvailable (bytes)."""
-    return parse_meminfo(_read(proc / "meminfo") or "")
+    return parse_meminfo(_read(_proc_file(proc, "meminfo")) or "")
 
 
 __all__ = ["CgroupMemory", "GroupReading", "Mount", "UNLIMITED", "mem_available",

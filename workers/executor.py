@@ -21,6 +21,7 @@ Runs under ``torch.inference_mode``; CPU and CUDA; float32, float16, bfloat16.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -149,6 +150,55 @@ def _one_call(capture: Capture, steps: tuple[Step, ...], runs: dict[int, int] | 
     return nodes if len(nodes) == len(children) and nodes[0] is children[0] else ()
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """How one plan runs on ``samples`` samples, decided once (a worker keeps these per plan:
+    deciding per batch scanned every step, a visible share of a one-sample call of a small
+    model, docs/benchmarks.md section 1): the reference runner, one ONNX Runtime call, or the
+    walk."""
+
+    capture: Capture
+    steps: tuple[Step, ...]
+    splits: dict[int, list[int]] | None
+    runs: dict[int, int] | None
+    samples: int
+    uniform: bool              # every unit at all samples on torch: the reference runner
+    whole: tuple[Node, ...]    # one call of the root series on all samples, else ()
+    runtime: str               # the runtime of that call
+
+    def __call__(self, x: torch.Tensor, ort: OrtUnits | None = None) -> torch.Tensor:
+        """``model(x)`` for ``x`` of ``samples`` samples; see ``execute``."""
+        if x.shape[0] != self.samples:
+            return prepare(self.capture, self.steps, self.splits, self.runs, x.shape[0])(x, ort)
+        capture = self.capture
+        try:
+            with torch.inference_mode():
+                if self.uniform:
+                    return run_node(capture, capture.tree, x)
+                if self.whole:
+                    return TorchBackend(capture, x, ort).run_many(self.whole, x, self.samples,
+                                                                  self.runtime)
+                return walk(TorchBackend(capture, x, ort), capture.tree, self.steps, x,
+                            self.samples, self.splits, runs=self.runs)
+        except torch.cuda.OutOfMemoryError as exc:  # = torch.OutOfMemoryError (torch >= 2.5)
+            raise OutOfMemoryError(f"out of memory running a plan of {capture.model.spec.name!r} "
+                                   f"on {x.shape[0]} samples: {str(exc).splitlines()[0]}") from exc
+        except RuntimeError as exc:
+            raise ExecutionError(f"running a plan of {capture.model.spec.name!r} failed: "
+                                 f"{str(exc).splitlines()[0]}") from exc
+
+
+def prepare(capture: Capture, steps: Iterable[Step], splits: dict[int, list[int]] | None = None,
+            runs: dict[int, int] | None = None, samples: int | None = None) -> Prepared:
+    """``steps`` ready to run on ``samples`` samples (default: the first step's)."""
+    steps = tuple(steps)
+    samples = int(samples if samples is not None else (steps[0].samples if steps else 0))
+    uniform = not splits and not runs and _uniform(capture, steps, samples)
+    whole = () if uniform or splits else _one_call(capture, steps, runs, samples)
+    runtime = run_runtime(whole[0], steps[0]) if whole else TORCH
+    return Prepared(capture, steps, splits or None, runs or None, samples, uniform, whole, runtime)
+
+
 def execute(capture: Capture, steps: Iterable[Step], x: torch.Tensor,
             splits: dict[int, list[int]] | None = None, runs: dict[int, int] | None = None,
             ort: OrtUnits | None = None) -> torch.Tensor:
@@ -158,20 +208,4 @@ def execute(capture: Capture, steps: Iterable[Step], x: torch.Tensor,
     torch's out-of-memory error becomes OutOfMemoryError (the worker steps down and
     retries); any other failure of a unit becomes an ExecutionError naming the model.
     """
-    steps = tuple(steps)
-    try:
-        with torch.inference_mode():
-            if not splits and not runs and _uniform(capture, steps, x.shape[0]):
-                return run_node(capture, capture.tree, x)
-            whole = () if splits else _one_call(capture, steps, runs, x.shape[0])
-            if whole:
-                return TorchBackend(capture, x, ort).run_many(
-                    whole, x, x.shape[0], run_runtime(whole[0], steps[0]))
-            return walk(TorchBackend(capture, x, ort), capture.tree, steps, x, x.shape[0],
-                        splits, runs=runs)
-    except torch.cuda.OutOfMemoryError as exc:  # = torch.OutOfMemoryError (torch >= 2.5)
-        raise OutOfMemoryError(f"out of memory running a plan of {capture.model.spec.name!r} on "
-                               f"{x.shape[0]} samples: {str(exc).splitlines()[0]}") from exc
-    except RuntimeError as exc:
-        raise ExecutionError(f"running a plan of {capture.model.spec.name!r} failed: "
-                             f"{str(exc).splitlines()[0]}") from exc
+    return prepare(capture, steps, splits, runs, x.shape[0])(x, ort)

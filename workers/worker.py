@@ -35,7 +35,8 @@ from core.program import Plan, Program
 from core.runs import TreeIndex
 from core.table import PlanTable, TablePlan
 from workers.arbiter import Arbiter, Lease
-from workers.executor import execute
+from core.lru import LRU
+from workers.executor import Prepared, prepare as prepare_run
 from workers.memory import MemoryProbe, cpu_free, release_cached
 
 if TYPE_CHECKING:
@@ -146,6 +147,9 @@ class Worker:
         self.ort = ort
         self.ort_spin, self.ort_sessions = ort_spin, ort_sessions  # for the OrtUnits made here
         self.table = table
+        # how each plan runs, decided once: (table, plan, samples) -> (table, Prepared); the
+        # table is held so its id is not reused while the entry lives
+        self._prepared: LRU[tuple[PlanTable, Prepared]] = LRU(256)
         self.prepare(table)
 
     def prepare(self, table: PlanTable, free: int | None = None) -> None:
@@ -223,6 +227,15 @@ class Worker:
         return replace(lease.choice, waited_s=lease.waited_s,
                        stepped_down=lease.stepped_down), lease
 
+    def _plan_run(self, choice: Choice) -> Prepared:
+        """The executor's way of running ``choice``'s plan, decided the first time it runs."""
+        key = (id(choice.table), choice.index, choice.batch)
+        found = self._prepared.get(key)
+        if found is None or found[0] is not choice.table:
+            found = self._prepared.put(key, (choice.table, prepare_run(
+                self.capture, choice.program.steps, choice.splits, choice.runs, choice.batch)))
+        return found[1]
+
     def infer(self, x: torch.Tensor, free: Callable[[], int] | None = None) -> tuple[torch.Tensor, RunInfo]:
         """``model(x)`` for a batch of any size, within the memory free when each piece runs
         (``free`` overrides the reading, and the arbiter: for tests and benchmarks)."""
@@ -238,9 +251,9 @@ class Worker:
         while start < n:
             choice, lease = self._lease(table, min(n - start, table.batch_max), below, free)
             try:
+                run = self._plan_run(choice)
                 with MODULE_GATE.running():  # never beside a trace (another model loading)
-                    y = execute(self.capture, choice.program.steps, x[start:start + choice.batch],
-                                choice.splits, choice.runs, self.ort)
+                    y = run(x[start:start + choice.batch], self.ort)
             except OutOfMemoryError as exc:
                 message = str(exc)  # keep no reference to the failed attempt's frames
             else:
