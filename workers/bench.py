@@ -7,7 +7,10 @@ The tables of every strategy are built from the profile (as `vbs plan` builds th
 (strategy, budget) runs the plan its table gives for that budget: the one a worker would run,
 keyed by the executor's exact peak. The default budgets (``auto``) run from where fbs-best can
 run one sample at a time to where fbs runs the whole request at once. Runs are interleaved
-in one process (round-robin over all configurations, so drift hits every strategy alike):
+in one process, every configuration once per round in an order shuffled anew each round
+(seeded), so that drift hits every strategy alike and none always runs right after the same
+other (torch's OpenMP threads spin on for a while after a plan's torch steps, into the next
+run's ONNX Runtime call):
 measured time per sample (median, with the spread), measured peak (torch profiler on CPU,
 max_memory_allocated on CUDA: what the executor and torch allocate), the walk's prediction
 of that recomputed here, the table's claimed peak (which adds what ONNX Runtime holds inside
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import csv
 import json
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -132,9 +136,12 @@ def run_bench(capture: Capture, profile: Profile, tables: dict[str, PlanTable], 
     plain_times: list[float] = []
     uniform_times: list[float] = []
     samples: dict[int, list[float]] = {id(row): [] for row, _ in configs}
+    order = list(configs)
+    shuffle = random.Random(0).shuffle
     for k in range(repeat):
         log(f"round {k + 1}/{repeat}")
-        for row, plan in configs:
+        shuffle(order)
+        for row, plan in order:
             samples[id(row)].append(_time(device, job(plan)) / r)
         with torch.inference_mode():
             plain_times.append(_time(device, lambda: model.module(x)) / r)
