@@ -188,11 +188,12 @@ class Prepared:
                                  f"{str(exc).splitlines()[0]}") from exc
 
 
-def prepare(capture: Capture, steps: Iterable[Step], splits: dict[int, list[int]] | None = None,
-            runs: dict[int, int] | None = None, samples: int | None = None) -> Prepared:
-    """``steps`` ready to run on ``samples`` samples (default: the first step's)."""
+def prepare(capture: Capture, steps: Iterable[Step], splits: dict[int, list[int]] | None,
+            runs: dict[int, int] | None, samples: int) -> Prepared:
+    """``steps`` (with their ``splits`` and ``runs``, as ``execute`` takes them) ready to run
+    on a request of ``samples`` samples."""
     steps = tuple(steps)
-    samples = int(samples if samples is not None else (steps[0].samples if steps else 0))
+    samples = int(samples)
     uniform = not splits and not runs and _uniform(capture, steps, samples)
     whole = () if uniform or splits else _one_call(capture, steps, runs, samples)
     runtime = run_runtime(whole[0], steps[0]) if whole else TORCH

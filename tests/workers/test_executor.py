@@ -219,3 +219,30 @@ def test_cuda_measured_peak_within_budget(dtype: str) -> None:
         expected = loaded.module(x)
     tol = max(TOLERANCE[loaded.torch_dtype], arithmetic_tolerance(loaded.torch_dtype, "cuda")[0])
     torch.testing.assert_close(y.float(), expected.float(), rtol=tol, atol=tol * float(expected.abs().max()))
+
+
+def test_a_plan_is_prepared_once_per_table_and_runs_as_execute_does() -> None:
+    """The worker decides how a plan runs (reference runner, one call, the walk) the first
+    time it runs it, and keeps that per table; what runs equals ``execute`` and model(x)."""
+    worker = _worker("squeezenet1_0")
+    loaded = worker.capture.model
+    x = loaded.example(B, seed=3)
+    with torch.inference_mode():
+        expected = loaded.module(x)
+    for limit in (worker.table.top_bytes, _smallest(worker)):
+        y, info = worker.infer(x, free=lambda: limit)
+        torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4 * float(expected.abs().max()))
+        for choice in info.choices:
+            run = worker._plan_run(choice)
+            assert worker._plan_run(choice) is run  # decided once
+            assert run.samples == choice.batch and run.steps == choice.program.steps
+            part = x[: choice.batch]
+            assert torch.equal(run(part), execute(worker.capture, choice.program.steps, part,
+                                                  choice.splits, choice.runs))
+    table = worker.table
+    worker.table = build_table(measure(worker.capture, ProfileOptions(batch_max=B, repeats=1,
+                                                                      warmup=0), progress=False),
+                               slot_count=64)
+    _y, info = worker.infer(x, free=lambda: table.top_bytes)
+    assert worker._plan_run(info.choices[0]).steps == info.choices[0].program.steps
+    assert info.choices[0].table is worker.table
