@@ -152,10 +152,8 @@ def _one_call(capture: Capture, steps: tuple[Step, ...], runs: dict[int, int] | 
 
 @dataclass(frozen=True)
 class Prepared:
-    """How one plan runs on ``samples`` samples, decided once (a worker keeps these per plan:
-    deciding per batch scanned every step, a visible share of a one-sample call of a small
-    model, docs/benchmarks.md section 1): the reference runner, one ONNX Runtime call, or the
-    walk."""
+    """How one plan runs on ``samples`` samples: the reference runner, one ONNX Runtime call,
+    or the walk. Deciding scans every step; a worker decides once per plan and keeps these."""
 
     capture: Capture
     steps: tuple[Step, ...]

@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from core.errors import InfeasibleError, OutOfMemoryError, UsageError
+from core.lru import LRU
 from core.units import MODULE_GATE, Capture
 from core.runtimes import ONNXRUNTIME
 from core.program import Plan, Program
 from core.runs import TreeIndex
 from core.table import PlanTable, TablePlan
 from workers.arbiter import Arbiter, Lease
-from core.lru import LRU
 from workers.executor import Prepared, prepare as prepare_run
 from workers.memory import MemoryProbe, cpu_free, release_cached
 
