@@ -66,8 +66,9 @@ SPIN = "session.intra_op.allow_spinning"
 STOP = "session.force_spinning_stop"
 # what making a session takes per byte of its graph's weights: the composed graph and its
 # serialized copy while it is made, then the weights, the copies its optimiser makes in its
-# own layouts, its plan (tests/core/test_runtimes.py checks the bound)
-SESSION_GROWTH = 6
+# own layouts, its plan (tests/core/test_runtimes.py checks the bound: resnet18's whole graph
+# grew the process by 6.16x its weights in one CI run, so 6 was too tight)
+SESSION_GROWTH = 7
 
 
 def _weight_bytes(model: onnx.ModelProto) -> int:
