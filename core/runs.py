@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from core import runtimes as rt
+from core.lru import OwnedLRU
 from core.sizes import allocation
 from core.program import Step
 from core.tree import Layer, Node, Parallel, Profile, Series, fold_order
@@ -155,17 +156,12 @@ def run_need(nodes: Sequence[Node], c: int, runtime: str, in_bytes: int, granule
 class TreeIndex:
     """Where every named unit and block of a tree sits: its series and position there."""
 
-    _made: dict[int, tuple[Series, "TreeIndex"]] = {}  # by the root's identity (trees are frozen)
+    _made: OwnedLRU["TreeIndex"] = OwnedLRU(64)  # by the root's identity (trees are frozen)
 
     @classmethod
     def of(cls, root: Series) -> "TreeIndex":
         """The index of ``root``, made once (the walk asks for it on every plan it lays out)."""
-        found = cls._made.get(id(root))
-        if found is None or found[0] is not root:
-            if len(cls._made) > 64:
-                cls._made.clear()
-            found = cls._made[id(root)] = (root, cls(root))
-        return found[1]
+        return cls._made.get_or_make(root, None, lambda: cls(root))
 
     def __init__(self, root: Series) -> None:
         self.where: dict[str, tuple[Series, int]] = {}

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.lru import LRU
+from core.lru import OwnedLRU
 from core.table import PlanTable
 
 LEVELS = 256          # the budget is divided into this many equal levels
@@ -60,7 +60,7 @@ def demand_level(samples: int) -> int:
     return 0 if samples <= 0 else 1 << (int(samples) - 1).bit_length()
 
 
-_times: LRU[tuple[PlanTable, np.ndarray]] = LRU(_CACHED)
+_times: OwnedLRU[np.ndarray] = OwnedLRU(_CACHED)  # by table, request size and budgets
 
 
 def time_per_sample(table: PlanTable, r: int, budgets: np.ndarray) -> np.ndarray:
@@ -68,10 +68,11 @@ def time_per_sample(table: PlanTable, r: int, budgets: np.ndarray) -> np.ndarray
     too large for a budget runs in the largest pieces that fit); inf where one sample does not
     fit. Lookups only."""
     r = max(1, min(int(r), table.batch_max))
-    key = (id(table), r, len(budgets), int(budgets[-1]) if len(budgets) else 0)
-    found = _times.get(key)
-    if found is not None and found[0] is table:  # the table is kept: its id is not reused
-        return found[1]
+    key = (r, len(budgets), int(budgets[-1]) if len(budgets) else 0)
+    return _times.get_or_make(table, key, lambda: _time_per_sample(table, r, budgets))
+
+
+def _time_per_sample(table: PlanTable, r: int, budgets: np.ndarray) -> np.ndarray:
     times = np.array([p.time_total for p in table.plans], dtype=np.float64)
     mins = table.min_peaks[:r]
     fits = mins[None, :] <= budgets[:, None]                 # (levels, r)
@@ -83,11 +84,11 @@ def time_per_sample(table: PlanTable, r: int, budgets: np.ndarray) -> np.ndarray
         row = table.row(int(c))
         k = np.searchsorted(row.peaks, budgets[at], side="right") - 1
         out[at] = times[row.plans[k]] / c
-    return _times.put(key, (table, out))[1]
+    return out
 
 
 WORKING_WITHIN = 0.10  # a plan within this much of the fastest time per sample is working speed
-_working: LRU[tuple[PlanTable, int]] = LRU(_CACHED)  # (id(table), within) -> (table, bytes)
+_working: OwnedLRU[int] = OwnedLRU(_CACHED)  # by table and tolerance
 
 
 def working_bytes(table: PlanTable, within: float = WORKING_WITHIN) -> int:
@@ -95,10 +96,10 @@ def working_bytes(table: PlanTable, within: float = WORKING_WITHIN) -> int:
     its fastest time per sample (in the largest pieces that fit, as the worker runs it): what
     a batch needs to run near full speed, where one sample at a time may cost far more (0:
     the table has no plan). Lookups only; cached per table."""
-    key = (id(table), within)
-    found = _working.get(key)
-    if found is not None and found[0] is table:
-        return found[1]
+    return _working.get_or_make(table, within, lambda: _working_bytes(table, within))
+
+
+def _working_bytes(table: PlanTable, within: float) -> int:
     peaks = [row.peaks for row in table.rows if len(row.peaks)]
     if not peaks:
         return 0
@@ -106,7 +107,7 @@ def working_bytes(table: PlanTable, within: float = WORKING_WITHIN) -> int:
     tps = time_per_sample(table, table.batch_max, budgets)
     fastest = float(tps.min())
     at = int(np.flatnonzero(tps <= fastest * (1.0 + within))[0])
-    return _working.put(key, (table, int(budgets[at])))[1]
+    return int(budgets[at])
 
 
 def divide(budget: int, wants: Sequence[Want], levels: int = LEVELS) -> dict[str, int]:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from core.errors import InfeasibleError, OutOfMemoryError, UsageError
-from core.lru import LRU
+from core.lru import OwnedLRU
 from core.units import MODULE_GATE, Capture
 from core.runtimes import ONNXRUNTIME
 from core.program import Plan, Program
@@ -147,9 +147,7 @@ class Worker:
         self.ort = ort
         self.ort_spin, self.ort_sessions = ort_spin, ort_sessions  # for the OrtUnits made here
         self.table = table
-        # how each plan runs, decided once: (table, plan, samples) -> (table, Prepared); the
-        # table is held so its id is not reused while the entry lives
-        self._prepared: LRU[tuple[PlanTable, Prepared]] = LRU(256)
+        self._prepared: OwnedLRU[Prepared] = OwnedLRU(256)  # by table, plan and samples
         self.prepare(table)
 
     def prepare(self, table: PlanTable, free: int | None = None) -> None:
@@ -229,12 +227,10 @@ class Worker:
 
     def _plan_run(self, choice: Choice) -> Prepared:
         """The executor's way of running ``choice``'s plan, decided the first time it runs."""
-        key = (id(choice.table), choice.index, choice.batch)
-        found = self._prepared.get(key)
-        if found is None or found[0] is not choice.table:
-            found = self._prepared.put(key, (choice.table, prepare_run(
-                self.capture, choice.program.steps, choice.splits, choice.runs, choice.batch)))
-        return found[1]
+        return self._prepared.get_or_make(
+            choice.table, (choice.index, choice.batch),
+            lambda: prepare_run(self.capture, choice.program.steps, choice.splits, choice.runs,
+                                choice.batch))
 
     def infer(self, x: torch.Tensor, free: Callable[[], int] | None = None) -> tuple[torch.Tensor, RunInfo]:
         """``model(x)`` for a batch of any size, within the memory free when each piece runs
