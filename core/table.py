@@ -17,6 +17,7 @@ anything malformed.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import zlib
@@ -85,10 +86,18 @@ class PlanTable:
     min_peaks: np.ndarray = field(init=False, repr=False, compare=False)
     _programs: LRU[Program] = field(default_factory=lambda: LRU(_PROGRAM_CACHE), init=False,
                                     repr=False, compare=False)
+    # the rows and min_peaks as Python ints, for the lookups before every batch: a binary
+    # search over a list costs a microsecond where numpy's calls on small arrays cost tens
+    _search: tuple[tuple[list[int], list[int]], ...] = field(init=False, repr=False,
+                                                             compare=False)
+    _least: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "min_peaks", np.array(
             [int(row.peaks[0]) if len(row.peaks) else _NO_PLAN for row in self.rows], dtype=np.int64))
+        object.__setattr__(self, "_search", tuple((row.peaks.tolist(), row.plans.tolist())
+                                                  for row in self.rows))
+        object.__setattr__(self, "_least", tuple(self.min_peaks.tolist()))
 
     # ------------------------------------------------------------------ queries
 
@@ -114,26 +123,30 @@ class PlanTable:
     def find(self, r: int, free_bytes: int) -> int:
         """The index of the best plan of r samples that fits in ``free_bytes`` (one binary
         search), or InfeasibleError saying how many bytes the smallest needs."""
-        row = self.row(r)
+        self.row(r)
         if isinstance(free_bytes, bool) or not isinstance(free_bytes, (int, np.integer)) \
                 or free_bytes < 0:
             raise UsageError(f"free memory must be a whole number of bytes >= 0, got {free_bytes!r}")
-        k = int(np.searchsorted(row.peaks, free_bytes, side="right")) - 1
+        peaks, plans = self._search[r - 1]
+        k = bisect.bisect_right(peaks, free_bytes) - 1
         if k < 0:
-            if len(row.peaks) == 0:
+            if not peaks:
                 raise InfeasibleError(f"{self.solver} has no plan of {r} samples: plan with a "
                                       "larger table (more slots) or send fewer samples")
-            need = int(row.peaks[0])
+            need = peaks[0]
             raise InfeasibleError(
                 f"no {self.solver} plan of {r} samples fits in {free_bytes} bytes: it needs at "
                 f"least {need} bytes, {need - free_bytes} more; free memory or send fewer samples")
-        return int(row.plans[k])
+        return plans[k]
 
     def largest_fitting(self, r: int, free_bytes: int) -> int:
         """The most samples, at most r, that some plan runs within ``free_bytes`` (0: none)."""
         self.row(r)
-        fits = np.flatnonzero(self.min_peaks[:r] <= free_bytes)
-        return int(fits[-1]) + 1 if fits.size else 0
+        least = self._least
+        for size in range(r, 0, -1):
+            if least[size - 1] <= free_bytes:
+                return size
+        return 0
 
     def program(self, index: int) -> Program:
         """Plan ``index``'s program as Steps (built once, kept for the most recent plans)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,9 +215,17 @@ class _OpenFiles:
         return fd
 
 
+_CHUNK = 65536
+
+
 def _pread_all(fd: int) -> str:
-    parts, offset = [], 0
-    while chunk := os.pread(fd, 65536, offset):
+    """The whole file from offset 0: one read where it is shorter than a chunk (a short read
+    of these files is their end; a read at the end costs a system call per file per batch)."""
+    chunk = os.pread(fd, _CHUNK, 0)
+    if len(chunk) < _CHUNK:
+        return chunk.decode("ascii", "replace")
+    parts, offset = [chunk], len(chunk)
+    while chunk := os.pread(fd, _CHUNK, offset):
         parts.append(chunk)
         offset += len(chunk)
     return b"".join(parts).decode("ascii", "replace")
@@ -294,8 +303,7 @@ def read_headroom(proc: Path = Path("/proc"), fs_root: Path = Path("/")) -> int 
     """``read_cgroup(...).free`` read with the fewest files: every group's limit, and usage
     and ``memory.stat`` only where there is one (None: no limit on the path). What a worker
     reads before each batch, so it costs a few small reads, not the whole path's figures."""
-    groups_text = _read(_proc_file(proc, "self/cgroup"))
-    located = None if groups_text is None else _locate(groups_text, proc, fs_root)
+    located = _located(proc, fs_root)
     if located is None:
         return None
     version = located[0]
@@ -310,6 +318,29 @@ def read_headroom(proc: Path = Path("/proc"), fs_root: Path = Path("/")) -> int 
         headroom = _headroom(limit, working_set)
         least = headroom if least is None else min(least, headroom)
     return least
+
+
+LOCATE_S = 1.0  # the process's group is located again at most this often
+Located = tuple[int, str, tuple[tuple[Path, str], ...]]  # version, group, directories up
+_LOCATED: dict[tuple[Path, Path], tuple[float, Located | None]] = {}
+
+
+def _located(proc: Path, fs_root: Path) -> Located | None:
+    """``_locate`` of this process's group, read again at most every ``LOCATE_S``: the
+    kernel writes /proc/self/cgroup out for every controller on each read (40 us right after a
+    model's call, the largest part of the reading before a batch), and a process moves to
+    another group seldom (a container's never); the limits on the path are read every time."""
+    key = (proc, fs_root)
+    now = time.monotonic()
+    known = _LOCATED.get(key)
+    if known is not None and now - known[0] < LOCATE_S:
+        return known[1]
+    groups_text = _read(_proc_file(proc, "self/cgroup"))
+    located = None if groups_text is None else _locate(groups_text, proc, fs_root)
+    if len(_LOCATED) >= 16 and key not in _LOCATED:
+        _LOCATED.clear()
+    _LOCATED[key] = (now, located)
+    return located
 
 
 @functools.lru_cache(maxsize=16)

@@ -164,12 +164,24 @@ class Prepared:
     whole: tuple[Node, ...]    # one call of the root series on all samples, else ()
     runtime: str               # the runtime of that call
 
+    @property
+    def calls_modules(self) -> bool:
+        """Whether it calls the model's torch modules (else it is one ONNX Runtime call,
+        which a torch.fx trace elsewhere in the process cannot meet: ``MODULE_GATE``)."""
+        return not (self.whole and self.runtime == ONNXRUNTIME)
+
     def __call__(self, x: torch.Tensor, ort: OrtUnits | None = None) -> torch.Tensor:
         """``model(x)`` for ``x`` of ``samples`` samples; see ``execute``."""
         if x.shape[0] != self.samples:
             return prepare(self.capture, self.steps, self.splits, self.runs, x.shape[0])(x, ort)
         capture = self.capture
         try:
+            if self.whole and self.runtime == ONNXRUNTIME and ort is not None:
+                # the call alone: no backend, no inference mode (nothing of torch runs), a
+                # visible share of a one-sample request on a small model (benchmarks, 1)
+                first, last = self.whole[0], self.whole[-1]
+                return ort.run(first.name, last.name, x.contiguous(),
+                               ort.output(last, x, self.samples))
             with torch.inference_mode():
                 if self.uniform:
                     return run_node(capture, capture.tree, x)

@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -222,8 +222,9 @@ class Worker:
             return self.pick(table, r, avail if below is None else min(avail, below))
 
         lease = self.arbiter.acquire(self.name, pick, need=need, timeout_s=self.lease_timeout_s)
-        return replace(lease.choice, waited_s=lease.waited_s,
-                       stepped_down=lease.stepped_down), lease
+        c = lease.choice  # built whole: dataclasses.replace costs more than the lookup
+        return Choice(c.table, c.index, c.batch, c.free_bytes, c.seconds, lease.waited_s,
+                      lease.stepped_down), lease
 
     def _plan_run(self, choice: Choice) -> Prepared:
         """The executor's way of running ``choice``'s plan, decided the first time it runs."""
@@ -248,8 +249,12 @@ class Worker:
             choice, lease = self._lease(table, min(n - start, table.batch_max), below, free)
             try:
                 run = self._plan_run(choice)
-                with MODULE_GATE.running():  # never beside a trace (another model loading)
-                    y = run(x[start:start + choice.batch], self.ort)
+                piece = x if start == 0 and choice.batch == n else x[start:start + choice.batch]
+                if run.calls_modules:
+                    with MODULE_GATE.running():  # never beside a trace (another model loading)
+                        y = run(piece, self.ort)
+                else:
+                    y = run(piece, self.ort)
             except OutOfMemoryError as exc:
                 message = str(exc)  # keep no reference to the failed attempt's frames
             else:
