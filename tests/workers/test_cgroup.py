@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from workers import cgroup
 from workers.cgroup import memory_mounts, own_groups, parse_limit, parse_meminfo, parse_stat, \
     read_cgroup
 from workers.memory import MemoryProbe, cgroup_free, cpu_free
@@ -193,3 +196,32 @@ def test_files_read_before_each_batch_stay_open_and_show_what_is_there_now(tmp_p
         assert files.read(tmp_path / name) == name
     assert len(os.listdir("/proc/self/fd")) <= held + 1  # two kept in all, the oldest closed
     assert files.read(usage) == "250\n"  # closed with the oldest, opened again
+
+
+def test_a_moved_process_is_located_again_after_locate_s_and_limits_are_read_each_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reading before each batch locates the process's group at most every ``LOCATE_S``
+    (/proc/self/cgroup is the costly file), but reads the limits and use on its path every
+    time: a changed limit counts at once, a move once the group is located again."""
+    proc = _proc(tmp_path, "0::/a\n", V2_MOUNTS)
+    root = tmp_path / "sys/fs/cgroup"
+    _v2_group(root / "a", 100 * MiB, 10 * MiB, 0)
+    _v2_group(root / "b", 50 * MiB, 10 * MiB, 0)
+    assert cgroup_free(proc, tmp_path) == 90 * MiB
+    (proc / "self" / "cgroup").write_text("0::/b\n")  # moved to b
+    _v2_group(root / "a", 80 * MiB, 20 * MiB, 0)     # and a's limit and use changed
+    assert cgroup_free(proc, tmp_path) == 60 * MiB   # a's, read again
+    monkeypatch.setattr(cgroup, "LOCATE_S", 0.0)
+    assert cgroup_free(proc, tmp_path) == 40 * MiB   # b's
+
+
+def test_a_file_longer_than_one_read_is_read_whole(tmp_path: Path) -> None:
+    """memory.stat and meminfo are read in one system call when shorter than a chunk; a longer
+    file is read to its end."""
+    text = "".join(f"line_{i} {i}\n" for i in range(3 * cgroup._CHUNK // 10))
+    assert len(text) > 2 * cgroup._CHUNK
+    path = tmp_path / "long"
+    path.write_text(text)
+    assert cgroup._read(path) == text
+    path.write_text("short 1\n")
+    assert cgroup._read(path) == "short 1\n"

@@ -9,6 +9,7 @@ import threading
 
 import torch
 
+from core.units import MODULE_GATE
 from planner.graph.capture import capture
 from core.loaded import ModelSpec
 from planner.models import load_model
@@ -58,3 +59,39 @@ def test_a_trace_beside_a_serving_model_changes_neither() -> None:
     assert not errors, errors
     assert runs[0] > 0
     assert all(tree == alone for tree in trees)
+
+
+def test_a_plan_of_one_onnxruntime_call_runs_beside_a_trace_and_a_torch_plan_waits() -> None:
+    """The gate guards module calls only: a plan that is one ONNX Runtime call of the whole
+    model calls none, so it runs while a trace holds the gate; a plan on torch waits for the
+    trace to end."""
+    torch.manual_seed(0)
+    cap = capture(load_model(ModelSpec("tests.planner.factories:two_layer", input_shape=(3, 8, 8))))
+    x = cap.model.example(1)
+    with torch.inference_mode():
+        expected = cap.model.module(x)
+    workers = {runtime: Worker(cap, build_table(measure(cap, ProfileOptions(
+        batch_max=2, repeats=1, warmup=0, runtime=runtime), progress=False), slot_count=32),
+        MemoryProbe("cpu")) for runtime in ("onnxruntime", "torch")}
+    for runtime, worker in workers.items():
+        choice = worker.choose(worker.table, 1, worker.table.top_bytes)
+        assert worker._plan_run(choice).calls_modules == (runtime == "torch"), runtime
+
+    results: dict[str, torch.Tensor] = {}
+    finished = {runtime: threading.Event() for runtime in workers}
+
+    def infer(runtime: str) -> None:
+        results[runtime], _ = workers[runtime].infer(x, free=lambda: 1 << 30)
+        finished[runtime].set()
+
+    threads = [threading.Thread(target=infer, args=(runtime,)) for runtime in workers]
+    with MODULE_GATE.tracing():
+        for thread in threads:
+            thread.start()
+        assert finished["onnxruntime"].wait(60)  # not behind the trace
+        assert not finished["torch"].is_set()    # behind it
+    for thread in threads:
+        thread.join(60)
+    assert finished["torch"].is_set()
+    for y in results.values():
+        torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-5)
