@@ -23,6 +23,31 @@ import statistics
 import time
 import warnings
 from pathlib import Path
+from typing import Any
+
+
+def _exported(name: str, shape: tuple[int, ...], threads: int, spin_after: bool) -> Any:
+    """The torchvision model (random weights) exported whole, in an ONNX Runtime session with
+    ``threads`` intra-op threads, stopped after each call unless ``spin_after``."""
+    import onnxruntime as ort
+    import torch
+    import torchvision
+
+    from core.runtimes.onnxrt import STOP
+
+    torch.manual_seed(0)
+    model = torchvision.models.get_model(name, weights=None).eval()
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (torch.randn(2, *shape),), buffer, dynamo=False,
+                          input_names=["x"], output_names=["y"], opset_version=17,
+                          dynamic_axes={"x": {0: "N"}, "y": {0: "N"}})
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    if not spin_after:
+        options.add_session_config_entry(STOP, "1")
+    return ort.InferenceSession(buffer.getvalue(), options, providers=["CPUExecutionProvider"])
 
 
 def main() -> None:
@@ -41,12 +66,10 @@ def main() -> None:
                                            / "kernels-store-auto"))
     args = ap.parse_args()
 
-    import onnxruntime as ort
     import torch
-    import torchvision
 
     from core.loaded import ModelSpec
-    from core.runtimes.onnxrt import STOP, OrtUnits
+    from core.runtimes.onnxrt import OrtUnits
     from planner.pipeline import prepare
     from planner.store import open_store
     from service.settings import Settings
@@ -60,19 +83,7 @@ def main() -> None:
     children = capture.tree.children
     first, last = children[0].name, children[-1].name
 
-    torch.manual_seed(0)
-    model = torchvision.models.get_model(args.model, weights=None).eval()
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, (torch.randn(2, *capture.input_shape),), buffer, dynamo=False,
-                          input_names=["x"], output_names=["y"], opset_version=17,
-                          dynamic_axes={"x": {0: "N"}, "y": {0: "N"}})
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = args.threads
-    if not args.spin_after:
-        options.add_session_config_entry(STOP, "1")
-    export = ort.InferenceSession(buffer.getvalue(), options, providers=["CPUExecutionProvider"])
+    export = _exported(args.model, capture.input_shape, args.threads, args.spin_after)
 
     rng = random.Random(0)
     pieces = [int(v) for v in args.pieces.split(",") if v]
