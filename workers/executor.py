@@ -177,8 +177,9 @@ class Prepared:
         capture = self.capture
         try:
             if self.whole and self.runtime == ONNXRUNTIME and ort is not None:
-                # the call alone: no backend, no inference mode (nothing of torch runs), a
-                # visible share of a one-sample request on a small model (benchmarks, 1)
+                # the call alone: no backend, no inference mode (nothing of torch runs);
+                # they were a visible share of a one-sample request on a small model
+                # (docs/benchmarks.md, section 1)
                 first, last = self.whole[0], self.whole[-1]
                 return ort.run(first.name, last.name, x.contiguous(),
                                ort.output(last, x, self.samples))
