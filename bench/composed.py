@@ -17,37 +17,29 @@ comes from ``--store`` (planned there if absent), as `vbs serve` reads it.
 from __future__ import annotations
 
 import argparse
-import io
 import random
 import statistics
+import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
 
 def _exported(name: str, shape: tuple[int, ...], threads: int, spin_after: bool) -> Any:
-    """The torchvision model (random weights) exported whole, in an ONNX Runtime session with
-    ``threads`` intra-op threads, stopped after each call unless ``spin_after``."""
+    """The model as the peers export it (``peers_models.export_onnx``) in an ONNX Runtime
+    session with ``threads`` intra-op threads, stopped after each call unless ``spin_after``."""
     import onnxruntime as ort
-    import torch
-    import torchvision
 
     from core.runtimes.onnxrt import STOP
+    from peers_models import export_onnx
 
-    torch.manual_seed(0)
-    model = torchvision.models.get_model(name, weights=None).eval()
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, (torch.randn(2, *shape),), buffer, dynamo=False,
-                          input_names=["x"], output_names=["y"], opset_version=17,
-                          dynamic_axes={"x": {0: "N"}, "y": {0: "N"}})
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     if not spin_after:
         options.add_session_config_entry(STOP, "1")
-    return ort.InferenceSession(buffer.getvalue(), options, providers=["CPUExecutionProvider"])
+    with tempfile.TemporaryDirectory(prefix="vbs-composed-") as directory:
+        path = export_onnx(name, shape, Path(directory) / "model.onnx")
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def main() -> None:

@@ -160,11 +160,11 @@ class Metrics:
         return float(found) if found is not None else 0.0
 
 
-def _child(children: dict[str, Any], gauge: Gauge, label: str) -> Any:
+def _child(children: dict[tuple[Gauge, str], Any], gauge: Gauge, label: str) -> Any:
     """``gauge.labels(label)``, looked up once."""
-    child = children.get(label)
+    child = children.get((gauge, label))
     if child is None:
-        child = children[label] = gauge.labels(label)
+        child = children[(gauge, label)] = gauge.labels(label)
     return child
 
 
@@ -173,11 +173,9 @@ class MemoryListener:
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
-        # the gauges set around every batch (budget, share, lease: four sets), by label: a
-        # labels() lookup validates and locks each time, on the batch's own time
-        self._budget: dict[str, Any] = {}
-        self._share: dict[str, Any] = {}
-        self._lease: dict[str, Any] = {}
+        # the gauges set around every batch (budget, share, lease: four sets), by gauge and
+        # label: a labels() lookup validates and locks each time, on the batch's own time
+        self._children: dict[tuple[Gauge, str], Any] = {}
 
     def on_register(self, device: str, model: str) -> None:
         """Every series of a model (and its device) exported from the start, at 0."""
@@ -189,14 +187,14 @@ class MemoryListener:
         m.memory_overcommits.labels(device)
 
     def on_budget(self, device: str, budget: int) -> None:
-        _child(self._budget, self.metrics.memory_budget, device).set(budget)
+        _child(self._children, self.metrics.memory_budget, device).set(budget)
 
     def on_shares(self, shares: Any) -> None:
         for model, share in shares.items():
-            _child(self._share, self.metrics.memory_share, model).set(share)
+            _child(self._children, self.metrics.memory_share, model).set(share)
 
     def on_lease(self, model: str, leased: int) -> None:
-        _child(self._lease, self.metrics.memory_lease, model).set(leased)
+        _child(self._children, self.metrics.memory_lease, model).set(leased)
 
     def on_wait(self, model: str) -> None:
         self.metrics.memory_lease_waits.labels(model).inc()

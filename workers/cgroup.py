@@ -26,6 +26,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.lru import LRU
+
 UNLIMITED = 1 << 62  # cgroup v1 reports "no limit" as a number close to 2**63
 
 
@@ -322,7 +324,7 @@ def read_headroom(proc: Path = Path("/proc"), fs_root: Path = Path("/")) -> int 
 
 LOCATE_S = 1.0  # the process's group is located again at most this often
 Located = tuple[int, str, tuple[tuple[Path, str], ...]]  # version, group, directories up
-_LOCATED: dict[tuple[Path, Path], tuple[float, Located | None]] = {}
+_LOCATED: LRU[tuple[float, Located | None]] = LRU(16)  # by (proc, fs_root): when, where
 
 
 def _located(proc: Path, fs_root: Path) -> Located | None:
@@ -337,9 +339,7 @@ def _located(proc: Path, fs_root: Path) -> Located | None:
         return known[1]
     groups_text = _read(_proc_file(proc, "self/cgroup"))
     located = None if groups_text is None else _locate(groups_text, proc, fs_root)
-    if len(_LOCATED) >= 16 and key not in _LOCATED:
-        _LOCATED.clear()
-    _LOCATED[key] = (now, located)
+    _LOCATED.put(key, (now, located))
     return located
 
 

@@ -53,6 +53,14 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src)
 
 
+def _call(ort: OrtUnits, nodes: tuple[Node, ...], x: torch.Tensor, samples: int) -> torch.Tensor:
+    """One ONNX Runtime call of the run ``nodes`` on ``x``, into an output of its own."""
+    out = ort.output(nodes[-1], x, samples)
+    # views along the batch of the walk's chunks are contiguous, and a unit whose input is
+    # not dense in the model does not run on ONNX Runtime (planner.profiling.ort)
+    return ort.run(nodes[0].name, nodes[-1].name, x.contiguous(), out)
+
+
 class TorchBackend:
     """The walk's actions on tensors, with the units and joins of one capture."""
 
@@ -78,11 +86,7 @@ class TorchBackend:
 
     def run_many(self, nodes: tuple[Node, ...], x: torch.Tensor, samples: int, runtime: str
                  ) -> torch.Tensor:
-        ort = self._runtime(runtime)
-        out = ort.output(nodes[-1], x, samples)
-        # views along the batch of the walk's chunks are contiguous, and a unit whose input
-        # is not dense in the model does not run on ONNX Runtime (planner.profiling.ort)
-        return ort.run(nodes[0].name, nodes[-1].name, x.contiguous(), out)
+        return _call(self._runtime(runtime), nodes, x, samples)
 
     def run_in_place(self, unit: Layer, chunk: torch.Tensor, samples: int) -> torch.Tensor:
         return run_unit(self.capture, unit, chunk, in_place=True)
@@ -176,13 +180,11 @@ class Prepared:
             return prepare(self.capture, self.steps, self.splits, self.runs, x.shape[0])(x, ort)
         capture = self.capture
         try:
-            if self.whole and self.runtime == ONNXRUNTIME and ort is not None:
+            if not self.calls_modules and ort is not None:
                 # the call alone: no backend, no inference mode (nothing of torch runs);
                 # they were a visible share of a one-sample request on a small model
                 # (docs/benchmarks.md, section 1)
-                first, last = self.whole[0], self.whole[-1]
-                return ort.run(first.name, last.name, x.contiguous(),
-                               ort.output(last, x, self.samples))
+                return _call(ort, self.whole, x, self.samples)
             with torch.inference_mode():
                 if self.uniform:
                     return run_node(capture, capture.tree, x)

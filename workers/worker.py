@@ -19,6 +19,7 @@ returns the lease when the piece ends, also on error or out-of-memory.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -250,10 +251,8 @@ class Worker:
             try:
                 run = self._plan_run(choice)
                 piece = x if start == 0 and choice.batch == n else x[start:start + choice.batch]
-                if run.calls_modules:
-                    with MODULE_GATE.running():  # never beside a trace (another model loading)
-                        y = run(piece, self.ort)
-                else:
+                # never beside a trace (another model loading), unless it calls no module
+                with MODULE_GATE.running() if run.calls_modules else contextlib.nullcontext():
                     y = run(piece, self.ort)
             except OutOfMemoryError as exc:
                 message = str(exc)  # keep no reference to the failed attempt's frames
