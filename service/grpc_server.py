@@ -29,6 +29,14 @@ log = logging.getLogger("vbs.service.grpc")
 STARTUP_FAILURE = 3  # uvicorn.run's exit code when the app cannot start
 
 
+def server_options(max_body_bytes: int) -> list[tuple[str, int]]:
+    """grpcio's options of the server (bench/grpc_floor.py's echo server takes the same)."""
+    # as large as HTTP takes (gRPC's own default is 4 MiB): larger is RESOURCE_EXHAUSTED;
+    # Linux's SO_REUSEPORT would let a second server share the port silently
+    return [("grpc.max_receive_message_length", max_body_bytes),
+            ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 0)]
+
+
 class GrpcServer:
     """The app's gRPC server: ``start`` in the lifespan, ``stop_accepting`` on SIGTERM,
     ``stopped`` once the batchers have drained."""
@@ -57,12 +65,7 @@ class GrpcServer:
         from service.grpc_api import InferenceService
         from service.oip import rpc
 
-        server = grpc.aio.server(options=[
-            # as large as HTTP takes (gRPC's own default is 4 MiB): larger is RESOURCE_EXHAUSTED
-            ("grpc.max_receive_message_length", self.settings.max_body_bytes),
-            ("grpc.max_send_message_length", -1),
-            # Linux's SO_REUSEPORT would let a second server share the port silently
-            ("grpc.so_reuseport", 0)])
+        server = grpc.aio.server(options=server_options(self.settings.max_body_bytes))
         rpc.add_GRPCInferenceServiceServicer_to_server(
             InferenceService(self.settings, self.registry, self.metrics), server)
         try:
@@ -110,4 +113,4 @@ def run(app: Any, **config: Any) -> None:
         sys.exit(STARTUP_FAILURE)
 
 
-__all__ = ["GrpcServer", "UvicornServer", "run"]
+__all__ = ["GrpcServer", "UvicornServer", "run", "server_options"]
