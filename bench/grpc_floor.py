@@ -34,25 +34,20 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from served import ROOT, free_port, vbs_serve
-
-TICK = os.sysconf("SC_CLK_TCK")
+from served import ROOT, free_port, stat_cpu, vbs_serve
 
 
 def front_cpu_seconds(pid: int) -> float:
     """CPU seconds of process ``pid``'s main thread (the event loop) and gRPC's threads."""
-    total = 0
+    total = 0.0
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                stat = f.read()
-        except FileNotFoundError:  # the thread ended meanwhile
+            name, seconds = stat_cpu(f"/proc/{pid}/task/{tid}/stat")
+        except OSError:  # the thread ended meanwhile
             continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
         if tid == str(pid) or name.startswith("event_engine"):
-            fields = stat.rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-    return total / TICK
+            total += seconds
+    return total
 
 
 def echo(port: int, shape: tuple[int, ...], out: tuple[int, ...]) -> None:
@@ -64,6 +59,7 @@ def echo(port: int, shape: tuple[int, ...], out: tuple[int, ...]) -> None:
     from service.settings import Settings
 
     answer_rows = np.zeros(out, "<f4").tobytes()
+    sample = int(np.prod(shape))  # values in one sample
 
     class Echo(rpc.GRPCInferenceServiceServicer):
         async def ModelMetadata(self, request, context):  # noqa: N802
@@ -74,11 +70,10 @@ def echo(port: int, shape: tuple[int, ...], out: tuple[int, ...]) -> None:
                 outputs=[tensor(name="output", datatype="FP32", shape=[-1, *out])])
 
         async def ModelInfer(self, request, context):  # noqa: N802
-            x = np.frombuffer(request.raw_input_contents[0], "<f4")
+            n = np.frombuffer(request.raw_input_contents[0], "<f4").size // sample
             answer = pb.ModelInferResponse(model_name=request.model_name, model_version="1")
-            answer.outputs.add(name="output", datatype="FP32",
-                               shape=[x.size // int(np.prod(shape)), *out])
-            answer.raw_output_contents.append(answer_rows * (x.size // int(np.prod(shape))))
+            answer.outputs.add(name="output", datatype="FP32", shape=[n, *out])
+            answer.raw_output_contents.append(answer_rows * n)
             return answer
 
     async def main() -> None:

@@ -23,16 +23,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from served import vbs_serve
-
-TICK = os.sysconf("SC_CLK_TCK")
+from served import stat_cpu, vbs_serve
 
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process ``pid``, all its threads."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
+    return stat_cpu(f"/proc/{pid}/stat")[1]
 
 
 def _npy(x: np.ndarray) -> bytes:

@@ -40,21 +40,19 @@ from planner.pipeline import prepare
 from service.settings import Settings
 from planner.store import open_store
 from service.loadtest import run_loadtest
-from served import add_trees_argument, interleaved, vbs_serve
+from served import add_trees_argument, interleaved, stat_cpu, vbs_serve
 from workers.memory import MemoryProbe
 from workers.worker import Worker
 
 
 def thread_cpu_s(pid: int) -> tuple[float, float]:
     """CPU seconds (user + system) of process ``pid``'s main thread and of its other threads."""
-    tick = os.sysconf("SC_CLK_TCK")
     main = rest = 0.0
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            _, spent = stat_cpu(str(task / "stat"))
         except OSError:  # the thread ended meanwhile
             continue
-        spent = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
         if int(task.name) == pid:
             main += spent
         else:

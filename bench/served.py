@@ -20,6 +20,17 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def stat_cpu(path: str) -> tuple[str, float]:
+    """The name and user + system CPU seconds in a ``/proc/<pid>/stat`` (the whole process) or
+    ``/proc/<pid>/task/<tid>/stat`` (one thread) file."""
+    with open(path) as f:
+        stat = f.read()
+    head, _, rest = stat.rpartition(")")
+    fields = rest.split()
+    return head[head.index("(") + 1:], (int(fields[11]) + int(fields[12])) / TICK
 
 
 def free_port() -> int:
