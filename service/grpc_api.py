@@ -38,7 +38,7 @@ from service.admission import Ticket, estimate_hold
 from service.deps import check_api_key
 from service.errors import ModelNotFoundError, field_error, status_of
 from service.metrics import NO_MODEL, Metrics
-from service.oip import pb, rpc
+from service.oip import SERVICE, pb, rpc
 from service.registry import ModelEntry, Registry
 from service.routers.v2 import model_metadata, server_metadata
 
@@ -149,19 +149,19 @@ class InferenceService(rpc.GRPCInferenceServiceServicer):
     # ------------------------------------------------------------------ inference
 
     @_answered("grpc_infer")
-    async def ModelInfer(self, request: Any, context: Any, call: _Call) -> Any:  # noqa: N802
+    async def ModelInfer(self, received: grpc_codec.Received, context: Any,  # noqa: N802
+                         call: _Call) -> Any:
         self._authorize(context)
+        request, size = received.message, received.wire_bytes
         entry = self._entry(request.model_name, request.model_version, "model_name",
                             "model_version")
         call.model = entry.name
         admission = self.registry.admission
-        ticket = await self._admit(request, entry)
+        ticket = await self._admit(size, entry)
         try:
-            req, x, decode_s = await self._decode(request, entry)
-            if ticket is not None:
-                raw = request.raw_input_contents
-                serving.hold_samples(admission, ticket, request.ByteSize(),
-                                     raw[0] if len(raw) else None, x, entry.output_shape)
+            req, x, decode_s = await self._decode(request, size, entry)
+            if ticket is not None:  # x is never a view of the message (read_request copies)
+                serving.hold_samples(admission, ticket, size, None, x, entry.output_shape)
             assert entry.batcher is not None
             outcome = await entry.batcher.submit(
                 x, decode_s=decode_s, encode=grpc_codec.encoder(req.binary_output),
@@ -173,20 +173,19 @@ class InferenceService(rpc.GRPCInferenceServiceServicer):
         finally:
             admission.release(ticket)
 
-    async def _admit(self, request: Any, entry: ModelEntry) -> Ticket | None:
+    async def _admit(self, size: int, entry: ModelEntry) -> Ticket | None:
         """Under a memory limit, a place in the ledger before the request is decoded (None:
         no limit): as over HTTP, but gRPC has read the message already, so it is counted as
         held at once and only its decoding and its plan wait in line."""
         admission = self.registry.admission
         if not admission.active:
             return None
-        size = request.ByteSize()
         ticket = await admission.admit(entry.name, estimate_hold(size, "binary"))
         if ticket is not None:
             admission.resize(ticket, 0)  # in memory already, not to come: only held
         return ticket
 
-    async def _decode(self, request: Any, entry: ModelEntry
+    async def _decode(self, request: Any, size: int, entry: ModelEntry
                       ) -> tuple[codecs.V2Request, Any, float]:
         """The request's samples, checked as the HTTP route checks them: on the loop when
         small, else in a worker thread."""
@@ -200,7 +199,7 @@ class InferenceService(rpc.GRPCInferenceServiceServicer):
 
         small = (serving.INLINE_DECODE_BYTES if len(request.raw_input_contents)
                  else INLINE_TYPED_BYTES)
-        if request.ByteSize() <= small:
+        if size <= small:
             return decode()
         return await asyncio.to_thread(decode)
 
@@ -237,4 +236,21 @@ class InferenceService(rpc.GRPCInferenceServiceServicer):
             m.live.record(call.model, elapsed_s, call.outcome)
 
 
-__all__ = ["CODES", "InferenceService"]
+def add_to_server(servicer: InferenceService, server: Any) -> None:
+    """``servicer`` on ``server``, as the generated ``add_GRPCInferenceServiceServicer_to_server``
+    registers it, but ``ModelInfer`` gets each request with its size on the wire
+    (``grpc_codec.Received``)."""
+    service = pb.DESCRIPTOR.services_by_name[SERVICE.rsplit(".", 1)[-1]]
+    handlers = {}
+    for method in service.methods:  # all unary in the OIP v2
+        request, response = (getattr(pb, t.name) for t in (method.input_type, method.output_type))
+        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, method.name),
+            request_deserializer=(grpc_codec.received if method.name == "ModelInfer"
+                                  else request.FromString),
+            response_serializer=response.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
+
+
+__all__ = ["CODES", "InferenceService", "add_to_server"]

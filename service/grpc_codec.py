@@ -11,6 +11,7 @@ output for raw input, as Triton answers tritonclient, typed for typed.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,21 @@ CONTENTS_FIELD = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int
 FIELD_DTYPE = {"bool_contents": np.bool_, "int_contents": np.int32, "int64_contents": np.int64,
                "uint_contents": np.uint32, "uint64_contents": np.uint64,
                "fp32_contents": np.float32, "fp64_contents": np.float64}
+
+
+@dataclass(frozen=True)
+class Received:
+    """A ``ModelInferRequest`` as it came: the message, and its size on the wire, which the
+    deserializer has for free where ``ByteSize()`` would size the whole message again on the
+    event loop (for the admission ledger and the choice to decode inline or in a thread)."""
+
+    message: Any
+    wire_bytes: int
+
+
+def received(data: bytes) -> Received:
+    """The server's deserializer of ``ModelInfer``'s requests (``grpc_api.add_to_server``)."""
+    return Received(pb.ModelInferRequest.FromString(data), len(data))
 
 
 def read_request(msg: Any) -> codecs.V2Request:
@@ -139,5 +155,5 @@ def parameters_of(source: Any) -> dict[str, Any]:
             for key, value in source.items() if value.WhichOneof("parameter_choice")}
 
 
-__all__ = ["CONTENTS_FIELD", "encoder", "parameters_of", "read_request", "response",
-           "set_parameters"]
+__all__ = ["CONTENTS_FIELD", "Received", "encoder", "parameters_of", "read_request", "received",
+           "response", "set_parameters"]

@@ -62,12 +62,10 @@ class GrpcServer:
             return
         import grpc
 
-        from service.grpc_api import InferenceService
-        from service.oip import rpc
+        from service.grpc_api import InferenceService, add_to_server
 
         server = grpc.aio.server(options=server_options(self.settings.max_body_bytes))
-        rpc.add_GRPCInferenceServiceServicer_to_server(
-            InferenceService(self.settings, self.registry, self.metrics), server)
+        add_to_server(InferenceService(self.settings, self.registry, self.metrics), server)
         try:
             port = server.add_insecure_port(self.address)
         except RuntimeError as exc:  # grpcio raises where older releases returned 0

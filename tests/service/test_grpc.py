@@ -376,6 +376,54 @@ def test_loadtest_over_grpc_loads_another_servers_oip() -> None:
     assert all(v is None for v in summary["breakdown_p50_s"].values())
 
 
+class _Recording:
+    """Every method of the service, recording what it was given."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        async def method(request: Any, context: Any) -> Any:
+            self.seen[name] = request
+            return getattr(service_pb2, f"{name}Response")()
+        return method
+
+
+def test_model_infer_gets_each_request_with_its_size_on_the_wire() -> None:
+    """The servicer is registered for every method of the service, and ModelInfer's requests
+    come with the bytes they took on the wire (what ByteSize would compute), the others as
+    the generated code gives them."""
+    from service.grpc_api import add_to_server
+    from service.grpc_codec import Received
+    from service.oip import pb
+
+    servicer = _Recording()
+    request = service_pb2.ModelInferRequest(model_name="tiny", raw_input_contents=[bytes(4000)])
+    request.inputs.add(name="x", datatype="FP32", shape=[1, 1000])
+
+    async def main() -> None:
+        server = grpc.aio.server()
+        add_to_server(servicer, server)  # type: ignore[arg-type]
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+                await stub.ModelInfer(request)
+                await stub.ServerLive(service_pb2.ServerLiveRequest())
+                await stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="tiny"))
+        finally:
+            await server.stop(None)
+
+    asyncio.run(main())
+    got = servicer.seen["ModelInfer"]
+    assert isinstance(got, Received)
+    assert got.wire_bytes == len(request.SerializeToString()) == got.message.ByteSize() > 4000
+    assert got.message.SerializeToString() == request.SerializeToString()
+    assert isinstance(servicer.seen["ServerLive"], pb.ServerLiveRequest)
+    assert servicer.seen["ModelMetadata"].name == "tiny"
+
+
 # ------------------------------------------------------------------------------- settings, CLI
 def test_the_grpc_port_is_a_setting_and_a_documented_flag(capsys: pytest.CaptureFixture[str]
                                                           ) -> None:
