@@ -74,12 +74,17 @@ def python_tag(python: str) -> str:
     return out.stdout.strip()
 
 
+def shown(folder: Path) -> Path:
+    """``folder`` as the repository names it (records and messages hold no machine's paths)."""
+    return folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder
+
+
 def wheels_of(folder: Path) -> list[str]:
     wheels = sorted(str(w) for w in folder.glob("*.whl"))
     if not wheels:
         raise InstallError(f"no wheels in {folder}: run `make gpu-wheels` here (for the CPU "
                            f"rehearsal `make gpu-wheels GPU_PY_VERSION=3.11`) and carry "
-                           f"{folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder}")
+                           f"{shown(folder)}")
     return wheels
 
 
@@ -137,7 +142,7 @@ def install(device: str, wheels_dir: Path | None, venv: Path, image_python: Path
         raise InstallError(f"check_install.py failed (exit {check.returncode}): "
                            f"{(check.stdout + check.stderr)[-3000:]}") from None
     return {"python": python, "python_tag": tag, "fresh_venv": device == "cpu",
-            "wheels_dir": str(folder), "wheels": [Path(w).name for w in wheels],
+            "wheels_dir": str(shown(folder)), "wheels": [Path(w).name for w in wheels],
             "wheels_mib": round(sum(Path(w).stat().st_size for w in wheels) / 2**20, 2),
             "timings": timings, "elapsed_s": round(time.perf_counter() - started, 2),
             **report}
