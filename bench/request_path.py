@@ -1,14 +1,18 @@
 """Where a request's model time goes around ONNX Runtime's call, in one process and served.
 
     python bench/request_path.py [--model mnasnet0_5] [--samples 1] [--calls 2000]
-                                 [--trees .,/tmp/before] [--serve-rounds 0] [--requests 30]
+                                 [--pause-ms 0] [--trees .,/tmp/before] [--serve-rounds 0]
+                                 [--requests 30]
 
 In process (a child process per checkout of ``--trees``, in turn): the model's table as
 `vbs plan` stores it (``--store``, ``--cache-dir``; planned here if absent), a ``Worker`` with
 an arbiter as `vbs serve` builds it, and four ways to run ``--samples`` samples, called in
 shuffled order ``--calls`` times each so that drift and cache churn hit all alike: the whole
 torchvision model exported to ONNX and run by ONNX Runtime with its defaults, the plan's own
-session (``run_with_iobinding``), ``OrtUnits.run`` and ``Worker.infer``. Then ``Worker.infer``
+session (``run_with_iobinding``), ``OrtUnits.run`` and ``Worker.infer``; with ``--pause-ms``,
+the four again in blocks of 50 calls (no call right after another way's, whose threads may
+spin on), each call after a sleep of that long (the cores idle between calls, as between a
+server's requests, where back to back they never are). Then ``Worker.infer``
 alone with its parts timed around their calls (the lease, the executor's call, the session's
 call). Prints p50 and p25 in milliseconds, and ``Worker.infer`` minus ``OrtUnits.run``.
 
@@ -45,6 +49,7 @@ from workers.memory import MemoryProbe
 from workers.worker import Worker
 
 model, n, calls, cache, store = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+pause = float(sys.argv[6]) / 1e3
 s = Settings(cache_dir=cache, store=store, batch_max=max(8, n))
 with open_store(s.store_location) as st:
     p = prepare(ModelSpec(model), s, st, progress=False)
@@ -89,6 +94,14 @@ for _ in range(calls):
     rng.shuffle(keys)
     for k in keys:
         t0 = time.perf_counter(); jobs[k](); times[k].append(time.perf_counter() - t0)
+paced = {f"{k}, after a pause": [] for k in jobs} if pause else {}
+for _ in range(-(-calls // 50) if pause else 0):  # blocks of 50: no call follows another way's
+    rng.shuffle(keys)
+    for k in keys:
+        for _ in range(50):
+            time.sleep(pause)
+            t0 = time.perf_counter(); jobs[k]()
+            paced[f"{k}, after a pause"].append(time.perf_counter() - t0)
 
 parts = collections.defaultdict(list)
 def timed(name, f):
@@ -110,7 +123,7 @@ for _ in range(50):
 parts.clear()
 for _ in range(calls):
     t0 = time.perf_counter(); worker.infer(x); parts["Worker.infer, parts timed"].append(time.perf_counter() - t0)
-print(json.dumps({"shuffled": times, "parts": parts}))
+print(json.dumps({"shuffled": times, "paced": paced, "parts": parts}))
 """
 
 
@@ -121,13 +134,13 @@ def _q(values: list[float], q: float) -> float:
 
 def in_process(root: Path, args: argparse.Namespace) -> None:
     ran = subprocess.run([sys.executable, "-c", CHILD, args.model, str(args.samples),
-                          str(args.calls), args.cache_dir, args.store],
+                          str(args.calls), args.cache_dir, args.store, str(args.pause_ms)],
                          env={**os.environ, "PYTHONPATH": str(root)}, cwd=root, check=True,
                          capture_output=True, text=True)
     result = json.loads(ran.stdout.strip().splitlines()[-1])
     print(f"\n{root}: {args.model}, {args.samples} samples, {args.calls} calls each "
           "(ms per call: p50, p25)")
-    for section in ("shuffled", "parts"):
+    for section in ("shuffled", "paced", "parts"):
         for name, values in result[section].items():
             print(f"  {name:44s} {_q(values, 0.5):8.3f} {_q(values, 0.25):8.3f}")
     shuffled = result["shuffled"]
@@ -167,6 +180,9 @@ def main() -> None:
     ap.add_argument("--model", default="mnasnet0_5")
     ap.add_argument("--samples", type=int, default=1)
     ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--pause-ms", type=float, default=0.0,
+                    help="also each way once more, shuffled, after a sleep of this long before "
+                         "each call (the cores idle, as between a server's requests)")
     ap.add_argument("--serve-rounds", type=int, default=0)
     ap.add_argument("--requests", type=int, default=30)
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "vbs-serve"))
