@@ -98,7 +98,7 @@ paced = {f"{k}, after a pause": [] for k in jobs} if pause else {}
 for _ in range(-(-calls // 50) if pause else 0):  # blocks of 50: no call follows another way's
     rng.shuffle(keys)
     for k in keys:
-        for _ in range(50):
+        for _call in range(50):
             time.sleep(pause)
             t0 = time.perf_counter(); jobs[k]()
             paced[f"{k}, after a pause"].append(time.perf_counter() - t0)
@@ -181,8 +181,8 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=1)
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--pause-ms", type=float, default=0.0,
-                    help="also each way once more, shuffled, after a sleep of this long before "
-                         "each call (the cores idle, as between a server's requests)")
+                    help="also each way again, in blocks of 50 calls, after a sleep of this "
+                         "long before each call (the cores idle, as between a server's requests)")
     ap.add_argument("--serve-rounds", type=int, default=0)
     ap.add_argument("--requests", type=int, default=30)
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "vbs-serve"))
