@@ -146,6 +146,32 @@ def test_sessions_beyond_the_bound_are_given_back_least_recently_used_first() ->
     torch.testing.assert_close(got, inputs[1][1], rtol=1e-4, atol=1e-4)
 
 
+def test_a_run_reads_what_its_buffers_hold_now_at_the_same_address_or_another() -> None:
+    """A run's input and output are bound by address and bound again only when it changes:
+    new values written into the same buffer are what the next call reads, and a call on other
+    buffers, or back on the first, reads those."""
+    from core.runner import run_unit
+    from core.runtimes.onnxrt import OrtUnits
+
+    torch.manual_seed(0)
+    cap = capture(load_model(ModelSpec("mobilenet_v2", input_shape=SHAPES["mobilenet_v2"])))
+    units = OrtUnits(cap)
+    layer = next(iter_layers(cap.tree))
+    buffer, other = cap.model.example(2, seed=0), cap.model.example(2, seed=1)
+    out = units.output(layer, buffer, 2)
+    with torch.inference_mode():
+        for seed, x in enumerate((buffer, buffer, other, buffer), start=2):
+            values = cap.model.example(2, seed=seed)  # never what the other buffer holds
+            x.copy_(values)
+            expected = run_unit(cap, layer, values)
+            y = units.run(layer.name, layer.name, x, out)
+            assert y.data_ptr() == out.data_ptr()
+            torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4)
+            elsewhere = units.run(layer.name, layer.name, x, units.output(layer, x, 2))
+            torch.testing.assert_close(elsewhere, expected, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)  # not written to
+
+
 def _rss_anon() -> int:
     with open("/proc/self/status") as f:
         fields = dict(line.split(":", 1) for line in f)
