@@ -308,9 +308,9 @@ def read_headroom(proc: Path = Path("/proc"), fs_root: Path = Path("/")) -> int 
     located = _located(proc, fs_root)
     if located is None:
         return None
-    version = located[0]
+    version, files = located
     least: int | None = None
-    for limit_file, usage_file, stat_file in _group_files(located):
+    for limit_file, usage_file, stat_file in files:
         limit_text = _read(limit_file)
         limit = parse_limit(limit_text) if limit_text is not None else None
         usage_text = None if limit is None else _read(usage_file)
@@ -323,15 +323,16 @@ def read_headroom(proc: Path = Path("/proc"), fs_root: Path = Path("/")) -> int 
 
 
 LOCATE_S = 1.0  # the process's group is located again at most this often
-Located = tuple[int, str, tuple[tuple[Path, str], ...]]  # version, group, directories up
-_LOCATED: LRU[tuple[float, Located | None]] = LRU(16)  # by (proc, fs_root): when, where
+GroupFiles = tuple[tuple[str, str, str], ...]  # limit, usage, memory.stat of each group up
+_LOCATED: LRU[tuple[float, tuple[int, GroupFiles] | None]] = LRU(16)  # by (proc, fs_root)
 
 
-def _located(proc: Path, fs_root: Path) -> Located | None:
-    """``_locate`` of this process's group, read again at most every ``LOCATE_S``: the
-    kernel writes /proc/self/cgroup out for every controller on each read (40 us right after a
-    model's call, the largest part of the reading before a batch), and a process moves to
-    another group seldom (a container's never); the limits on the path are read every time."""
+def _located(proc: Path, fs_root: Path) -> tuple[int, GroupFiles] | None:
+    """The controller version and the files of every group on this process's path
+    (``_locate``), found again at most every ``LOCATE_S``: the kernel writes /proc/self/cgroup
+    out for every controller on each read (40 us right after a model's call, the largest part
+    of the reading before a batch), and a process moves to another group seldom (a
+    container's never); the limits on the path are read every time."""
     key = (proc, fs_root)
     now = time.monotonic()
     known = _LOCATED.get(key)
@@ -339,13 +340,12 @@ def _located(proc: Path, fs_root: Path) -> Located | None:
         return known[1]
     groups_text = _read(_proc_file(proc, "self/cgroup"))
     located = None if groups_text is None else _locate(groups_text, proc, fs_root)
-    _LOCATED.put(key, (now, located))
-    return located
+    found = None if located is None else (located[0], _group_files(located))
+    _LOCATED.put(key, (now, found))
+    return found
 
 
-@functools.lru_cache(maxsize=16)
-def _group_files(located: tuple[int, str, tuple[tuple[Path, str], ...]]
-                 ) -> tuple[tuple[str, str, str], ...]:
+def _group_files(located: tuple[int, str, tuple[tuple[Path, str], ...]]) -> GroupFiles:
     """The limit, usage and memory.stat files of every group on a located path."""
     limit_file, usage_file = _FILES[located[0]][:2]
     return tuple((os.path.join(d, limit_file), os.path.join(d, usage_file),
