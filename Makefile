@@ -22,7 +22,7 @@ LOWEST_TESTS = tests/planner/test_store_contract.py tests/planner/test_store_err
 # The GPU run (bench/gpu/, docs/gpu.md): DEVICE=cuda on the GPU machine, whose own Python gets
 # the carried wheels (.gpu-wheels/cp312, `make gpu-wheels` here); DEVICE=cpu QUICK=1 rehearses
 # every step on the CPU in a fresh venv (.venv-gpu) with this machine's wheels. STEP=all or a
-# comma list of tests, profile, bench, energy, serve, summary (summary alone installs nothing).
+# comma list of tests, profile, graphs, bench, energy, serve, summary (summary alone installs nothing).
 # Results: out/gpu/ (and the device tool's $OUT).
 DEVICE ?= cuda
 QUICK  ?=

@@ -11,7 +11,7 @@ every comparison is exact. The oracle (``tests/planner/oracle.py``: Dijkstra ove
 vbs are solved for the same instance. Prints, per solver, instances where it is slower than the
 optimum (a miss), where it finds no schedule at all, and the largest relative excess.
 ``--priced``: the model that runs on ONNX Runtime, each chain's units measured on it too
-(``planner.solver.synthetic.with_onnxruntime``; some it does not take) with a call of 0-6 time
+(``planner.solver.synthetic.with_runtime``; some it does not take) with a call of 0-6 time
 units plus 0, 0.5 or 1 per byte in and out: the oracle and the DPs price every call and cut.
 """
 
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.planner.or
 
 from core.errors import InfeasibleError  # noqa: E402
 from planner.solver.solve import solve  # noqa: E402
-from planner.solver.synthetic import with_onnxruntime  # noqa: E402
+from planner.solver.synthetic import with_runtime  # noqa: E402
 from core.tree import Profile  # noqa: E402
 from tests.planner.oracle import chain_profile, oracle  # noqa: E402
 
@@ -56,7 +56,7 @@ def draw(rng: np.random.Generator) -> tuple[object, int, int]:
 def priced(profile: Profile, rng: np.random.Generator) -> Profile:
     """``profile`` with ONNX Runtime's measurements and a call cost of the chain's scale."""
     B = profile.batch_max
-    ort = with_onnxruntime(profile, int(rng.integers(1 << 30)),
+    ort = with_runtime(profile, int(rng.integers(1 << 30)),
                            choice=str(rng.choice(["auto", "onnxruntime"])))
     meta = dict(ort.meta)
     meta["runtimes"] = {"onnxruntime": {

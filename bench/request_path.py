@@ -40,6 +40,7 @@ CHILD = r"""
 import collections, io, json, random, sys, time, warnings
 import numpy as np, onnxruntime as ort, torch, torchvision
 from core.loaded import ModelSpec
+from core.runtimes.base import RuntimeOptions
 from core.runs import TreeIndex
 from planner.pipeline import prepare
 from planner.store import open_store
@@ -56,17 +57,19 @@ with open_store(s.store_location) as st:
 probe = MemoryProbe("cpu")
 arbiter = Arbiter("cpu", probe.free)
 arbiter.register(model, lambda: p.table, lambda: 1)
-worker = Worker(p.capture, p.table, probe, name=model, arbiter=arbiter, ort_spin=s.ort_spin)
+worker = Worker(p.capture, p.table, probe, name=model, arbiter=arbiter,
+                runtime_options=RuntimeOptions(spin=s.ort_spin))
+units = worker.runtimes["onnxruntime"]
 x = p.capture.model.example(n)
 choice = worker.choose(p.table, n, p.table.top_bytes)
 steps = choice.program.steps
 assert choice.runs == {0: len(steps) - 1}, f"the plan at {n} is not one call: {choice.runs}"
 nodes = TreeIndex.of(p.capture.tree).run_nodes(steps, 0, len(steps) - 1)
-out = worker.ort.output(nodes[-1], x, n)
-session = worker.ort._run(nodes[0].name, nodes[-1].name).session
+out = units.output(nodes[-1], x, n)
+session = units._run(nodes[0].name, nodes[-1].name).session
 binding = session.io_binding()
-binding.bind_input("x", "cpu", 0, worker.ort._dtype, x.shape, x.data_ptr())
-binding.bind_output("y", "cpu", 0, worker.ort._dtype, out.shape, out.data_ptr())
+binding.bind_input("x", "cpu", 0, units._dtype, x.shape, x.data_ptr())
+binding.bind_output("y", "cpu", 0, units._dtype, out.shape, out.data_ptr())
 whole = torchvision.models.get_model(model, weights=None).eval()
 buffer = io.BytesIO()
 with warnings.catch_warnings():
@@ -81,7 +84,7 @@ feed = {"x": x.numpy()}
 jobs = {
     "ONNX Runtime, whole model, its defaults": lambda: defaults.run(None, feed),
     "the plan's session, run_with_iobinding": lambda: session.run_with_iobinding(binding),
-    "OrtUnits.run": lambda: worker.ort.run(nodes[0].name, nodes[-1].name, x, out),
+    "OrtUnits.run": lambda: units.run(nodes[0].name, nodes[-1].name, x, out),
     "Worker.infer": lambda: worker.infer(x),
 }
 for job in jobs.values():

@@ -122,13 +122,13 @@ def main() -> None:
     with torch.inference_mode():
         want = cap.model.module(x)
         for c in picked:  # warm-up (sessions), and the outputs checked
-            got = execute(cap, c.steps, x, None, dict(c.runs), ort)
+            got = execute(cap, c.steps, x, None, dict(c.runs), {ort.name: ort})
             torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
         for _ in range(args.rounds):
             for c in picked:
                 t0 = time.perf_counter()
                 for _ in range(args.calls):
-                    execute(cap, c.steps, x, None, dict(c.runs), ort)
+                    execute(cap, c.steps, x, None, dict(c.runs), {ort.name: ort})
                 times[c.label].append((time.perf_counter() - t0) / args.calls / args.batch)
     measured = {label: statistics.median(ts) for label, ts in times.items()}
     uniform = [c for c in picked if not c.early]

@@ -20,6 +20,7 @@ What runs cost is ``planner.solver.pricing``'s.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -33,13 +34,24 @@ from core.tree import Layer, Node, Parallel, Profile, Series, fold_order
 @dataclass(frozen=True)
 class CallCost:
     """What one call of a runtime costs beyond its units' time inside it, per batch size b:
-    ``call_s[b-1] + byte_s[b-1] * (bytes into the call + bytes out of it)``."""
+    ``call_s[b-1] + byte_s[b-1] * (bytes into the call + bytes out of it)``. Where the call
+    runs on a device the host only feeds (a CUDA graph's replay), ``host_s[b-1]`` is what the
+    host spends issuing it: one stream then takes the longer of the two, the host's issue
+    and the device's work (``total``)."""
 
     call_s: tuple[float, ...]
     byte_s: tuple[float, ...]
+    host_s: tuple[float, ...] = ()
 
     def of(self, samples: int, in_bytes: int, out_bytes: int) -> float:
         return self.call_s[samples - 1] + self.byte_s[samples - 1] * (in_bytes + out_bytes) * samples
+
+    def total(self, samples: int, in_bytes: int, out_bytes: int, inside: Sequence[float]
+              ) -> float:
+        """A call with its units' work ``inside``: the call and the work, or the host's
+        issue where that is longer."""
+        device = math.fsum([self.of(samples, in_bytes, out_bytes), *inside])
+        return max(device, self.host_s[samples - 1]) if self.host_s else device
 
 
 RunMemory = dict[tuple[str, str], tuple[int, ...]]  # (first, last) -> bytes held inside, per b
@@ -59,7 +71,8 @@ def call_cost(profile: Profile, runtime: str) -> CallCost | None:
     call, per_byte = info.get("call_s"), info.get("byte_s")
     if not call or not per_byte:
         return None
-    return CallCost(tuple(float(v) for v in call), tuple(float(v) for v in per_byte))
+    return CallCost(tuple(float(v) for v in call), tuple(float(v) for v in per_byte),
+                    tuple(float(v) for v in info.get("host_s") or ()))
 
 
 def step_runtime(node: Node, step: Step) -> str:
@@ -86,7 +99,7 @@ def supports(node: Node, runtime: str) -> bool:
 
 def run_runtime(first: Node, step: Step) -> str:
     """The runtime a run calls: its first step's (a run that starts with a block: the one its
-    step names, else ONNX Runtime, the runtime that runs units in calls)."""
+    step names, else ONNX Runtime, which ran such runs before steps named theirs)."""
     if isinstance(first, Layer):
         return step_runtime(first, step)
     return step.runtime or rt.ONNXRUNTIME

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import UsageError, VbsError
+from core.runtimes import CHOICES
 from planner.settings import Settings
 
 log = logging.getLogger("vbs")
@@ -44,10 +45,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_runtime_arg(p: argparse.ArgumentParser) -> None:
     """``--runtime``: which unit runtimes a profile measures and plans use."""
-    p.add_argument("--runtime", choices=["auto", "torch", "onnxruntime"],
-                   help="unit runtimes: auto (every installed one, the fastest per step), "
-                        "onnxruntime (wherever it takes the unit) or torch "
-                        "(default: VBS_RUNTIME, auto)")
+    p.add_argument("--runtime", choices=list(CHOICES),
+                   help="unit runtimes: auto (every installed one that runs on the device, "
+                        "the fastest per step), onnxruntime (CPU) or cudagraph (CUDA) "
+                        "wherever it takes the unit, or torch (default: VBS_RUNTIME, auto)")
 
 
 def settings_from(args: argparse.Namespace) -> Settings:

@@ -75,11 +75,12 @@ class Settings(BaseSettings):
     profile_grid: bool = Field(default=False, description="profile a grid of batch sizes and "
                                                           "interpolate (part of the fingerprint)")
     threads: int = Field(default=0, ge=0, description="torch intra-op threads on CPU; 0 = torch's default")
-    runtime: Literal["auto", "torch", "onnxruntime"] = Field(
+    runtime: Literal["auto", "torch", "onnxruntime", "cudagraph"] = Field(
         default="auto",
-        description="unit runtimes: auto (measure every installed one; each step of a plan "
-                    "runs on the fastest for it), onnxruntime (wherever it takes the unit, "
-                    "torch elsewhere) or torch (part of the profile's fingerprint)")
+        description="unit runtimes: auto (measure every installed one that runs on the "
+                    "device; each step of a plan runs on the fastest for it), onnxruntime "
+                    "(CPU) or cudagraph (CUDA graphs) wherever it takes the unit, torch "
+                    "elsewhere, or torch (part of the profile's fingerprint)")
     models: list[str] | str = Field(
         default_factory=list,
         description="models to serve, each [ALIAS=]NAME[@C,H,W]; VBS_MODELS takes them "

@@ -420,6 +420,7 @@ class Registry:
 
     def _prepare(self, entry: ModelEntry) -> None:
         """Capture, table (from the store or solved), worker, labels, preprocessing (a thread)."""
+        from core.runtimes.base import RuntimeOptions
         from planner.pipeline import prepare
         from workers.worker import Worker
 
@@ -431,7 +432,8 @@ class Registry:
         arbiter = self.arbiter(s.device)  # its probe is the device's one reading, shared
         worker = Worker(prepared.capture, prepared.table, self.probes[s.device], name=entry.name,
                         arbiter=arbiter, lease_timeout_s=s.request_timeout_s,
-                        ort_spin=s.ort_spin, ort_sessions=s.ort_sessions)
+                        runtime_options=RuntimeOptions(spin=s.ort_spin,
+                                                       max_sessions=s.ort_sessions))
         worker.arbiter.budget()  # read here, on the torch thread: known from the start
         out_shape = tuple(prepared.capture.output_shape)
         labels = labels_for(entry.spec.name, out_shape[0]) if len(out_shape) == 1 else None

@@ -38,7 +38,9 @@ import torch
 
 from core.errors import InfeasibleError
 from core.units import Capture
-from core.runtimes import ONNXRUNTIME, TORCH
+from core import runtimes as rt
+from core.runtimes import TORCH
+from core.runtimes.base import RuntimeOptions
 from planner.solver.compare import BASELINE, STRATEGIES
 from core.walk import executor_peak
 from core.sizes import format_bytes
@@ -117,17 +119,16 @@ def run_bench(capture: Capture, profile: Profile, tables: dict[str, PlanTable], 
     budgets = list(dict.fromkeys(budgets))  # a budget given twice is one row per strategy
     model = capture.model
     device = model.device
-    ort = None
-    if any(ONNXRUNTIME in t.runtimes for t in tables.values()):
-        from core.runtimes.onnxrt import OrtUnits
-
-        ort = OrtUnits(capture)
+    named = {name for t in tables.values() for name in t.runtimes}
+    loaded = {name: rt.load(name, capture, RuntimeOptions())
+              for name in sorted(named) if rt.KINDS[name].calls}
     x = model.example(r, seed=7)
     with torch.inference_mode():
         expected = model.module(x)
     rows, configs = _look_up(profile, tables, r, budgets, strategies, model.spec.name)
     def job(plan: Plan) -> Callable[[], torch.Tensor]:
-        return lambda: execute(capture, plan.program.steps, x, plan.split_map, plan.run_map, ort)
+        return lambda: execute(capture, plan.program.steps, x, plan.split_map, plan.run_map,
+                               loaded)
 
     for row, plan in configs:  # warm-up, and the error against model(x)
         y = job(plan)()
@@ -156,6 +157,9 @@ def run_bench(capture: Capture, profile: Profile, tables: dict[str, PlanTable], 
     _gains(rows, budgets)
     summary = _summary(model.spec.name, r, device, repeat, [row for row, _ in configs],
                        plain_times, uniform_times)
+    # what the runtimes kept between calls for every plan that ran (sessions, CUDA graphs
+    # and their pool): outside the plans' claims, as a worker counts it
+    summary["runtime_held_bytes"] = {name: units.held_bytes for name, units in loaded.items()}
     return rows, summary, {(row.strategy, row.memory_budget): plan for row, plan in configs}
 
 

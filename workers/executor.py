@@ -10,9 +10,10 @@ would pin its input's whole chunk (in-place ops on a unit's input compute new te
 capture, so they need no copy). Units run through ``Unit.call``, as the model runs its modules.
 A uniform program (every unit at the whole request: every plan of one sample, and fbs's)
 on torch runs through the reference runner, which allocates what the walk would, without
-its bookkeeping. Steps on ONNX Runtime run as the plan's runs, one session call each
-(``core.runtimes.onnxrt``), reading the walk's take and writing a buffer the walk
-allocated, so the walk's accounting of activations holds for them too. Gathers and splits
+its bookkeeping. Steps on a runtime that runs units in calls (ONNX Runtime, CUDA graphs)
+run as the plan's runs, one call each through the runtime interface
+(``core.runtimes.base.UnitRuntime``), reading the walk's take and giving a buffer the walk
+then owns, so the walk's accounting of activations holds for them too. Gathers and splits
 between those calls copy on the CPU without torch's intra-op threads (``_copy``): torch's
 OpenMP threads spin for a while after a parallel copy and take the cores from the next call.
 Runs under ``torch.inference_mode``; CPU and CUDA; float32, float16, bfloat16.
@@ -20,26 +21,24 @@ Runs under ``torch.inference_mode``; CPU and CUDA; float32, float16, bfloat16.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from core.errors import ExecutionError, OutOfMemoryError
 from core.units import Capture
-from core.runner import run_node, run_unit
-from core.runtimes import ONNXRUNTIME, TORCH
+from core.runner import run_node
+from core.runtimes import KINDS, TORCH
+from core.runtimes.base import UnitRuntime
+from core.runtimes.eager import EagerUnits
 from core.walk import walk
 from core.program import Step
 from core.runs import TreeIndex, run_runtime
 from core.tree import Layer, Node, Parallel
 
-if TYPE_CHECKING:  # onnxruntime is imported only where a plan uses it
-    from core.runtimes.onnxrt import OrtUnits
-
-
+Runtimes = Mapping[str, UnitRuntime]  # the worker's loaded runtimes, by name
 _NUMPY = (torch.float32, torch.float16, torch.float64)  # dtypes numpy copies as they are
 
 
@@ -53,43 +52,39 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src)
 
 
-def _call(ort: OrtUnits, nodes: tuple[Node, ...], x: torch.Tensor, samples: int) -> torch.Tensor:
-    """One ONNX Runtime call of the run ``nodes`` on ``x``, into an output of its own."""
-    out = ort.output(nodes[-1], x, samples)
-    # views along the batch of the walk's chunks are contiguous, and a unit whose input is
-    # not dense in the model does not run on ONNX Runtime (planner.profiling.ort)
-    return ort.run(nodes[0].name, nodes[-1].name, x.contiguous(), out)
-
-
 class TorchBackend:
-    """The walk's actions on tensors, with the units and joins of one capture."""
+    """The walk's actions on tensors, with the units and joins of one capture; units and
+    runs are called on the runtime each step names (``runtimes``; torch is always there)."""
 
-    def __init__(self, capture: Capture, like: torch.Tensor, ort: OrtUnits | None = None) -> None:
+    def __init__(self, capture: Capture, like: torch.Tensor, runtimes: Runtimes | None = None
+                 ) -> None:
         self.capture = capture
         self.like = like  # dtype and device of every buffer
-        self.ort = ort
+        self.eager = EagerUnits(capture)
+        self.runtimes = runtimes or {}
 
-    def _runtime(self, runtime: str) -> OrtUnits:
-        if runtime != ONNXRUNTIME:
-            raise ExecutionError(f"no unit runtime {runtime!r} here: plan with --runtime torch "
-                                 "or onnxruntime")
-        if self.ort is None:
+    def _runtime(self, runtime: str) -> UnitRuntime:
+        if runtime == TORCH:
+            return self.runtimes.get(TORCH) or self.eager
+        found = self.runtimes.get(runtime)
+        if found is None:
+            if runtime not in KINDS:
+                raise ExecutionError(f"no unit runtime {runtime!r} here: plan with --runtime "
+                                     "torch, onnxruntime or cudagraph")
             raise ExecutionError(f"a plan of {self.capture.model.spec.name!r} runs steps on "
-                                 "ONNX Runtime, but its worker has no ONNX Runtime units")
-        return self.ort
+                                 f"{runtime}, but its worker has not loaded {runtime}")
+        return found
 
     def run(self, unit: Layer, x: torch.Tensor, samples: int, runtime: str = TORCH
             ) -> torch.Tensor:
-        if runtime == TORCH:
-            return run_unit(self.capture, unit, x)
-        return self.run_many((unit,), x, samples, runtime)
+        return self._runtime(runtime).call((unit,), x, samples)
 
     def run_many(self, nodes: tuple[Node, ...], x: torch.Tensor, samples: int, runtime: str
                  ) -> torch.Tensor:
-        return _call(self._runtime(runtime), nodes, x, samples)
+        return self._runtime(runtime).call(nodes, x, samples)
 
     def run_in_place(self, unit: Layer, chunk: torch.Tensor, samples: int) -> torch.Tensor:
-        return run_unit(self.capture, unit, chunk, in_place=True)
+        return self._runtime(TORCH).call((unit,), chunk, samples, own=True)
 
     def view(self, chunk: torch.Tensor, start: int, samples: int) -> torch.Tensor:
         if start == 0 and samples == chunk.shape[0]:
@@ -156,8 +151,8 @@ def _one_call(capture: Capture, steps: tuple[Step, ...], runs: dict[int, int] | 
 
 @dataclass(frozen=True)
 class Prepared:
-    """How one plan runs on ``samples`` samples: the reference runner, one ONNX Runtime call,
-    or the walk. Deciding scans every step; a worker decides once per plan and keeps these."""
+    """How one plan runs on ``samples`` samples: the reference runner, one runtime call, or
+    the walk. Deciding scans every step; a worker decides once per plan and keeps these."""
 
     capture: Capture
     steps: tuple[Step, ...]
@@ -170,29 +165,33 @@ class Prepared:
 
     @property
     def calls_modules(self) -> bool:
-        """Whether it calls the model's torch modules (else it is one ONNX Runtime call,
-        which a torch.fx trace elsewhere in the process cannot meet: ``MODULE_GATE``)."""
-        return not (self.whole and self.runtime == ONNXRUNTIME)
+        """Whether it calls the model's torch modules (else it is one call of a runtime that
+        does not, which a torch.fx trace elsewhere in the process cannot meet:
+        ``MODULE_GATE``)."""
+        return not self.whole or KINDS[self.runtime].modules
 
-    def __call__(self, x: torch.Tensor, ort: OrtUnits | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, runtimes: Runtimes | None = None) -> torch.Tensor:
         """``model(x)`` for ``x`` of ``samples`` samples; see ``execute``."""
         if x.shape[0] != self.samples:
-            return prepare(self.capture, self.steps, self.splits, self.runs, x.shape[0])(x, ort)
+            return prepare(self.capture, self.steps, self.splits, self.runs,
+                           x.shape[0])(x, runtimes)
         capture = self.capture
         try:
-            if not self.calls_modules and ort is not None:
+            if self.whole and not KINDS[self.runtime].modules and runtimes:
                 # the call alone: no backend, no inference mode (nothing of torch runs);
                 # they were a visible share of a one-sample request on a small model
                 # (docs/benchmarks.md, section 1)
-                return _call(ort, self.whole, x, self.samples)
+                found = runtimes.get(self.runtime)
+                if found is not None:
+                    return found.call(self.whole, x, self.samples)
             with torch.inference_mode():
                 if self.uniform:
                     return run_node(capture, capture.tree, x)
+                backend = TorchBackend(capture, x, runtimes)
                 if self.whole:
-                    return TorchBackend(capture, x, ort).run_many(self.whole, x, self.samples,
-                                                                  self.runtime)
-                return walk(TorchBackend(capture, x, ort), capture.tree, self.steps, x,
-                            self.samples, self.splits, runs=self.runs)
+                    return backend.run_many(self.whole, x, self.samples, self.runtime)
+                return walk(backend, capture.tree, self.steps, x, self.samples, self.splits,
+                            runs=self.runs)
         except torch.cuda.OutOfMemoryError as exc:  # = torch.OutOfMemoryError (torch >= 2.5)
             raise OutOfMemoryError(f"out of memory running a plan of {capture.model.spec.name!r} "
                                    f"on {x.shape[0]} samples: {str(exc).splitlines()[0]}") from exc
@@ -215,11 +214,12 @@ def prepare(capture: Capture, steps: Iterable[Step], splits: dict[int, list[int]
 
 def execute(capture: Capture, steps: Iterable[Step], x: torch.Tensor,
             splits: dict[int, list[int]] | None = None, runs: dict[int, int] | None = None,
-            ort: OrtUnits | None = None) -> torch.Tensor:
-    """Run ``steps`` on the request ``x`` (``runs``: first step -> last step of each run of
-    ONNX Runtime steps, which ``ort`` runs); the result equals ``model(x)``.
+            runtimes: Runtimes | None = None) -> torch.Tensor:
+    """Run ``steps`` on the request ``x`` (``runs``: first step -> last step of each run one
+    runtime call executes, on the runtime of ``runtimes`` its steps name; torch needs none);
+    the result equals ``model(x)``.
 
     torch's out-of-memory error becomes OutOfMemoryError (the worker steps down and
     retries); any other failure of a unit becomes an ExecutionError naming the model.
     """
-    return prepare(capture, steps, splits, runs, x.shape[0])(x, ort)
+    return prepare(capture, steps, splits, runs, x.shape[0])(x, runtimes)

@@ -11,7 +11,7 @@ allocations (the request tensors, Python objects, the HTTP stack) happen beside 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from workers.cgroup import mem_available, parse_limit, parse_meminfo, read_headroom
@@ -59,20 +59,37 @@ class MemoryProbe:
 
     ``limit`` is the most a plan may use whatever the device has free (0 = no cap); it can
     be changed while serving (a smaller limit makes later batches step down to plans that
-    fit). ``margin`` is kept back for everything that is not a plan's activations.
+    fit). ``margin`` is kept back for everything that is not a plan's activations. What the
+    unit runtimes keep of the device allocator's cache for themselves (a CUDA graph's private
+    pool: ``UnitRuntime.cached_bytes``) is not free: each runtime loaded on the device is
+    ``keep``-registered and its share taken off the reading.
     """
 
     device: str = "cpu"
     limit: int = 0
     margin: int = 0
     source: Callable[[], int] | None = None  # overrides the device reading (e.g. a cgroup root)
+    kept: dict[int, Callable[[], int]] = field(default_factory=dict, repr=False)
+
+    def keep(self, owner: object, cached: Callable[[], int]) -> None:
+        """Take ``cached()`` bytes off every reading from now on (until ``drop(owner)``); on
+        a CPU there is no device cache (what runtimes keep is in the working set already)."""
+        if self.device.startswith("cuda"):
+            self.kept[id(owner)] = cached
+
+    def drop(self, owner: object) -> None:
+        self.kept.pop(id(owner), None)
 
     def device_free(self) -> int:
         if self.source is not None:
-            return self.source()
-        if self.device.startswith("cuda"):
-            return cuda_free(self.device)
-        return cpu_free()
+            free = self.source()
+        elif self.device.startswith("cuda"):
+            free = cuda_free(self.device)
+        else:
+            free = cpu_free()
+        if self.kept:
+            free -= sum(cached() for cached in list(self.kept.values()))
+        return max(0, free)
 
     def free(self) -> int:
         free = self.device_free()

@@ -20,28 +20,26 @@ returns the lease when the piece ends, also on error or out-of-memory.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
+from core import runtimes as rt
 from core.errors import InfeasibleError, OutOfMemoryError, UsageError
 from core.lru import OwnedLRU
 from core.units import MODULE_GATE, Capture
-from core.runtimes import ONNXRUNTIME
 from core.program import Plan, Program
 from core.runs import TreeIndex
+from core.runtimes.base import RuntimeOptions, UnitRuntime
 from core.table import PlanTable, TablePlan
 from workers.arbiter import Arbiter, Lease
 from workers.executor import Prepared, prepare as prepare_run
 from workers.memory import MemoryProbe, cpu_free, release_cached
-
-if TYPE_CHECKING:
-    from core.runtimes.onnxrt import OrtUnits
 
 log = logging.getLogger("vbs.worker")
 
@@ -136,8 +134,8 @@ class Worker:
     def __init__(self, capture: Capture, table: PlanTable, probe: MemoryProbe,
                  *, max_oom_retries: int = 4, name: str | None = None,
                  arbiter: Arbiter | None = None, lease_timeout_s: float = 30.0,
-                 ort: OrtUnits | None = None, ort_spin: bool = True,
-                 ort_sessions: int = 128) -> None:
+                 runtimes: dict[str, UnitRuntime] | None = None,
+                 runtime_options: RuntimeOptions | None = None) -> None:
         self.capture = capture
         self.probe = probe
         self.max_oom_retries = max_oom_retries
@@ -145,27 +143,45 @@ class Worker:
         self.name = name or capture.model.spec.name  # as the arbiter knows it
         self.arbiter = arbiter
         self.lease_timeout_s = lease_timeout_s
-        self.ort = ort
-        self.ort_spin, self.ort_sessions = ort_spin, ort_sessions  # for the OrtUnits made here
+        self.runtimes: dict[str, UnitRuntime] = dict(runtimes or {})
+        for loaded in self.runtimes.values():
+            probe.keep(loaded, lambda r=loaded: r.cached_bytes)
+        # what the runtimes loaded here read before they make a session or capture a graph:
+        # the process's memory on the CPU, the device's free memory on CUDA (not a plan budget)
+        room = probe.device_free if probe.device.startswith("cuda") else cpu_free
+        self.runtime_options = dataclasses.replace(runtime_options or RuntimeOptions(), room=room)
         self.table = table
         self._prepared: OwnedLRU[Prepared] = OwnedLRU(256)  # by table, plan and samples
         self.prepare(table)
 
-    def prepare(self, table: PlanTable, free: int | None = None) -> None:
-        """Get ready to run ``table``'s plans: ONNX Runtime's units if its plans use them, and
-        the sessions of the plans each request size gets with ``free`` bytes (default: the
-        most any plan needs), so the first batches do not wait for them; other runs get
-        their session the first time they run."""
-        if ONNXRUNTIME not in table.runtimes:
-            return
-        if self.ort is None:
-            from core.runtimes.onnxrt import OrtUnits  # onnxruntime: only where plans use it
+    def runtime(self, name: str) -> UnitRuntime:
+        """The runtime ``name``'s units of this model, loaded the first time it is asked for;
+        what it keeps in the device allocator's cache is not counted as free from then on."""
+        found = self.runtimes.get(name)
+        if found is None:
+            found = self.runtimes[name] = rt.load(name, self.capture, self.runtime_options)
+            self.probe.keep(found, lambda: found.cached_bytes)  # type: ignore[union-attr]
+        return found
 
-            self.ort = OrtUnits(self.capture, spin=self.ort_spin, max_sessions=self.ort_sessions,
-                                room=cpu_free)  # the process's memory, not a plan budget
+    @property
+    def held_bytes(self) -> int:
+        """What this model's runtimes keep between calls (sessions, graphs and their pools)."""
+        return sum(r.held_bytes for r in list(self.runtimes.values()))
+
+    def prepare(self, table: PlanTable, free: int | None = None) -> None:
+        """Get ready to run ``table``'s plans: the runtimes its plans call, and what they make
+        for the runs of the plan each request size gets with ``free`` bytes (default: the most
+        any plan needs: sessions, graphs), so the first batches do not wait for them; other
+        runs get theirs the first time they run."""
+        calling = [name for name in table.runtimes if rt.KINDS.get(name) and rt.KINDS[name].calls]
+        for name in calling:  # loading one makes nothing yet
+            self.runtime(name)
+        if not calling:
+            return
         free = table.top_bytes if free is None else free
-        tree = TreeIndex(self.capture.tree)
-        for r in range(1, table.batch_max + 1):
+        tree = TreeIndex.of(self.capture.tree)
+        # the largest requests first: a graph's static buffers are sized by the first runs
+        for r in range(table.batch_max, 0, -1):
             fit = table.largest_fitting(r, free)
             if not fit:
                 continue
@@ -173,11 +189,23 @@ class Worker:
             steps = table.program(index).steps
             for start, end in table.plans[index].runs:
                 nodes = tree.run_nodes(steps, start, end)
+                name = steps[start].runtime or calling[0]
                 try:
-                    self.ort.prepare(nodes[0].name, nodes[-1].name)
+                    # a graph's capture calls the modules: never beside a trace
+                    gate = MODULE_GATE.running() if rt.KINDS[name].modules else \
+                        contextlib.nullcontext()
+                    with gate:
+                        self.runtime(name).prepare(nodes, steps[start].samples)
                 except OutOfMemoryError as exc:  # made when it first runs, if memory allows
-                    log.info("%s: sessions not made ahead: %s", self.name, exc)
-                    return
+                    log.info("%s: %s not made ahead for %d samples: %s", self.name, name, r, exc)
+                    break
+
+    def release(self) -> None:
+        """Give back what every runtime keeps (the model is being unloaded)."""
+        for name, loaded in list(self.runtimes.items()):
+            loaded.release()
+            self.probe.drop(loaded)
+            del self.runtimes[name]
 
     @property
     def batch_max(self) -> int:
@@ -253,7 +281,7 @@ class Worker:
                 piece = x if start == 0 and choice.batch == n else x[start:start + choice.batch]
                 # never beside a trace (another model loading), unless it calls no module
                 with MODULE_GATE.running() if run.calls_modules else contextlib.nullcontext():
-                    y = run(piece, self.ort)
+                    y = run(piece, self.runtimes)
             except OutOfMemoryError as exc:
                 message = str(exc)  # keep no reference to the failed attempt's frames
             else:

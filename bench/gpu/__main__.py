@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bench.gpu import config, record, summary
 
-STEPS = ("tests", "profile", "bench", "serve", "energy")  # serve's time is the better known
+STEPS = ("tests", "profile", "graphs", "bench", "serve", "energy")  # serve's time is the better known
 
 
 def steps_of(text: str) -> list[str]:

@@ -16,7 +16,12 @@ from pathlib import Path
 
 MODELS = ("googlenet", "resnet50", "squeezenet1_0", "mobilenet_v2", "c3d")  # the paper's, as here
 DTYPES = ("float32", "float16")
-RUNTIME = "torch"  # ONNX Runtime on the GPU machine is a CPU build: on CUDA, units run on torch
+# the steps' runtime where an item names none (serve, energy): eager torch. Profiles and
+# benches run CUDA graphs (``cudagraph``: runs replayed as graphs beside eager steps, fbs and
+# fbs-best as one graph per phase) and, for the record, eager torch alone. ONNX Runtime on the
+# GPU machine is a CPU build.
+RUNTIME = "torch"
+GRAPHS = "cudagraph"
 
 
 @dataclass(frozen=True)
@@ -31,11 +36,12 @@ class Run:
     memory: str = "auto:6"       # budgets (bench, energy): vbs bench's --memory
     repeat: int = 5              # interleaved rounds (bench, energy)
     estimate_s: float = 60.0     # what the item takes on its device, for the deadline
+    runtime: str = ""            # --runtime (profile, bench); '' = the config's
 
     @property
     def label(self) -> str:
         shape = "x".join(map(str, self.shape)) if self.shape else "default"
-        return f"{self.model}@{shape}/{self.dtype}"
+        return f"{self.model}@{shape}/{self.dtype}" + (f"/{self.runtime}" if self.runtime else "")
 
     @property
     def shape_arg(self) -> list[str]:
@@ -72,10 +78,14 @@ class Config:
     benches: tuple[Run, ...]
     energy: tuple[Run, ...]
     serve: Serve
+    graphs: tuple[Run, ...]           # one-sample passes: the whole model as one graph, and eager
     full_suites: bool                 # the core, planner and workers suites run (else only collected)
     energy_window_ticks: float = 5.0
     energy_min_window_s: float = 0.05
     runtime: str = RUNTIME
+
+    def runtime_of(self, item: Run) -> str:
+        return item.runtime or self.runtime
 
     def vbs_env(self, work: Path) -> dict[str, str]:
         """The settings every vbs command of the run gets: its own profile cache (nothing
@@ -88,13 +98,18 @@ def full(device: str = "cuda", dtypes: tuple[str, ...] = DTYPES, suites: bool = 
     """The GPU run (its figures are the ones docs/benchmarks.md takes). ``dtypes`` narrows the
     profiles and benches (a short lease: float32 first); ``suites`` False runs only the tests
     marked gpu."""
-    profiles = tuple(Run(m, dtype=d, batch_max=32, estimate_s=60 if m == "c3d" else 35)
+    profiles = tuple(Run(m, dtype=d, batch_max=32, estimate_s=90 if m == "c3d" else 60,
+                         runtime=GRAPHS)
                      for d in dtypes for m in ("squeezenet1_0", "mobilenet_v2", "googlenet",
                                                "resnet50", "c3d"))
+    # with graphs first (the figures issue 44 asks for), eager after (the record's other rows)
     benches = tuple(Run(m, dtype=d, batch=12, batch_max=12,
                         memory="auto:4" if m == "c3d" else "auto:6",
-                        repeat=3 if m == "c3d" else 5, estimate_s=60 if m == "c3d" else 40)
-                    for d in dtypes for m in MODELS)
+                        repeat=3 if m == "c3d" else 5, estimate_s=90 if m == "c3d" else 60,
+                        runtime=rt)
+                    for rt in (GRAPHS, RUNTIME) for d in dtypes for m in MODELS)
+    graphs = tuple(Run(m, dtype=d, batch=1, batch_max=1, repeat=50, estimate_s=30)
+                   for d in dtypes for m in ("resnet50", "mobilenet_v2"))
     energy = tuple(Run(m, batch=12, batch_max=12, memory="auto:4", repeat=3, estimate_s=120)
                    for m in ("googlenet", "resnet50"))
     serve = Serve(Run("resnet50", batch_max=16, estimate_s=180), clients=16, samples=1,
@@ -104,7 +119,7 @@ def full(device: str = "cuda", dtypes: tuple[str, ...] = DTYPES, suites: bool = 
                   hog=("--leave", "2x,1x,0.5x,0.25x"), hold_s=1.0, gap_s=1.0)
     return Config(device=device, quick=False, profile_repeats=5, profile_warmup=2,
                   profiles=profiles, benches=benches, energy=energy, serve=serve,
-                  full_suites=suites)
+                  graphs=graphs, full_suites=suites)
 
 
 def quick(device: str = "cpu") -> Config:
@@ -114,8 +129,12 @@ def quick(device: str = "cpu") -> Config:
                   for m in ("squeezenet1_0", "mobilenet_v2", "googlenet", "resnet50")),
                 Run("squeezenet1_0", small, dtype="float16", batch_max=4, estimate_s=15),
                 Run("c3d", batch_max=2, estimate_s=30))
-    benches = tuple(Run(m, small, batch=4, batch_max=4, memory="auto:3", repeat=1, estimate_s=25)
-                    for m in ("squeezenet1_0", "googlenet"))
+    # eager torch, and the runtime of calls this device has (auto: ONNX Runtime on the CPU,
+    # CUDA graphs on CUDA): the summary sets the two side by side
+    benches = tuple(Run(m, small, batch=4, batch_max=4, memory="auto:3", repeat=1,
+                        estimate_s=40, runtime=rt)
+                    for m, rt in (("squeezenet1_0", "torch"), ("squeezenet1_0", "auto")))
+    graphs = (Run("squeezenet1_0", small, batch=1, batch_max=1, repeat=5, estimate_s=15),)
     energy = (Run("squeezenet1_0", small, batch=4, batch_max=4, memory="auto:3", repeat=1,
                   estimate_s=30),)
     serve = Serve(Run("squeezenet1_0", small, batch_max=4, estimate_s=60), clients=4, samples=1,
@@ -124,7 +143,7 @@ def quick(device: str = "cpu") -> Config:
                   gap_s=0.5)
     return Config(device=device, quick=True, profile_repeats=1, profile_warmup=0,
                   profiles=profiles, benches=benches, energy=energy, serve=serve,
-                  full_suites=False, energy_min_window_s=0.01)
+                  graphs=graphs, full_suites=False, energy_min_window_s=0.01)
 
 
 def config(device: str, quick_run: bool, dtypes: tuple[str, ...] = DTYPES,

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
 
             def job() -> None:
-                execute(cap, plan.program.steps, x, plan.split_map, plan.run_map, None)
+                execute(cap, plan.program.steps, x, plan.split_map, plan.run_map)
 
             for _ in range(2):
                 job()

@@ -37,13 +37,14 @@ def main(cfg: Config, work: Path, rec: Record, deadline: Deadline) -> None:
         if not deadline.allows(item.estimate_s):
             rec.skip(f"bench {item.label}", f"{deadline.left():.0f} s left of the call")
             continue
-        out = work / "bench" / f"{item.model}-{item.dtype}"
+        out = work / "bench" / f"{item.model}-{item.dtype}-{cfg.runtime_of(item)}"
         cmd = [*VBS, "bench", "--model", item.model, *item.shape_arg, "--batch", str(item.batch),
                "--batch-max", str(item.batch_max), "--memory", item.memory,
                "--repeat", str(item.repeat), "--device", cfg.device, "--dtype", item.dtype,
-               "--runtime", cfg.runtime, "--out", str(out)]
+               "--runtime", cfg.runtime_of(item), "--out", str(out)]
         ran = run(cmd, timeout_s=deadline.left(), env=cfg.vbs_env(work))
         row: dict[str, Any] = {"label": item.label, "model": item.model, "dtype": item.dtype,
+                               "runtime": cfg.runtime_of(item),
                                "batch": item.batch, "memory": item.memory, "rc": ran.rc,
                                "wall_s": ran.seconds}
         result = out / f"{item.model}.json"

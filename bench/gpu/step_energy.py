@@ -116,7 +116,7 @@ def _measured(cfg: Config, item: Run, cap: Any, meter: Any, window: float,
     x = cap.model.example(r, seed=7)
 
     def job(plan: Any) -> Any:
-        return lambda: execute(cap, plan.program.steps, x, plan.split_map, plan.run_map, None)
+        return lambda: execute(cap, plan.program.steps, x, plan.split_map, plan.run_map)
 
     repeats = {}
     with torch.inference_mode():

@@ -43,10 +43,10 @@ def main(cfg: Config, work: Path, rec: Record, deadline: Deadline) -> None:
         if not deadline.allows(item.estimate_s):
             rec.skip(f"profile {item.label}", f"{deadline.left():.0f} s left of the call")
             continue
-        path = folder / f"{item.model}-{item.dtype}-b{item.batch_max}.json"
+        path = folder / f"{item.model}-{item.dtype}-b{item.batch_max}-{cfg.runtime_of(item)}.json"
         cmd = [*VBS, "profile", "--model", item.model, *item.shape_arg,
                "--batch-max", str(item.batch_max), "--device", cfg.device, "--dtype", item.dtype,
-               "--runtime", cfg.runtime, "--repeats", str(cfg.profile_repeats), "--no-cache",
+               "--runtime", cfg.runtime_of(item), "--repeats", str(cfg.profile_repeats), "--no-cache",
                "--quiet", "--out", str(path)]
         ran = run(cmd, timeout_s=deadline.left(), env=cfg.vbs_env(work))
         row: dict[str, Any] = {"label": item.label, "model": item.model, "dtype": item.dtype,

@@ -15,7 +15,7 @@ from typing import Any
 
 from bench.gpu.paper import CITATION, TABLE_II
 
-STEPS = ("install", "tests", "profile", "bench", "serve", "energy", "summary")
+STEPS = ("install", "tests", "profile", "graphs", "bench", "serve", "energy", "summary")
 MiB = 2**20
 
 
@@ -124,14 +124,67 @@ def _profile(r: dict[str, Any]) -> list[str]:
                     "`vbs profile`, with loading and capturing the model.", ""]
 
 
+def _graphs(r: dict[str, Any]) -> list[str]:
+    lines = ["## The whole model as one CUDA graph, against eager (`python -m bench.graph_pass`)",
+             "", "| model | dtype | samples | eager (ms) | graph (ms) | graph vs eager | max "
+             "abs error | within tolerance | graph keeps (MiB) |", "|---|---|---|---|---|---|---|---|---|"]
+    for g in r["items"]:
+        if "eager" not in g:
+            lines.append(f"| {g['model']} | {g['dtype']} | failed: {g.get('error', '')[-120:]} "
+                         "| | | | | | |")
+            continue
+        graph = g.get("graph")
+        lines.append(
+            f"| {g['model']} | {g['dtype']} | {g['samples']} | {g['eager']['median_ms']:.3f} "
+            f"(±{100 * g['eager']['spread']:.0f}%) | "
+            + (f"{graph['median_ms']:.3f} (±{100 * graph['spread']:.0f}%) | "
+               f"{g['speedup']:.2f}x | {g['max_abs_error']:.3g} | {g['within_tolerance']} | "
+               f"{_mib(g['graph_held_bytes'])} |" if graph else
+               f"{g.get('graph_unavailable', '—')} | | | | |"))
+    return lines + [""]
+
+
+def graphs_against_eager(done: list[dict[str, Any]]) -> list[str]:
+    """Where a model and dtype ran with a runtime of calls (CUDA graphs, or ONNX Runtime in
+    the CPU rehearsal) and eager alone: vbs over fbs-best in each, and what the runtime of
+    calls bought fbs-best itself (fbs-best at its own best speed, over all budgets, against
+    eager fbs-best at its): where the gain went once launches stopped costing."""
+    by = {(b["model"], b["dtype"], b.get("runtime", "torch")): b for b in done}
+    lines = ["### With a runtime of calls beside eager", "",
+             "| model | dtype | runtime | vbs vs fbs-best (min-max) | eager: vbs vs fbs-best "
+             "(min-max) | fbs-best at its best with it vs eager (ms per sample) |",
+             "|---|---|---|---|---|---|"]
+    for (model, dtype, runtime), b in sorted(by.items()):
+        eager = by.get((model, dtype, "torch"))
+        if runtime == "torch" or eager is None:
+            continue
+
+        def span(item: dict[str, Any]) -> str:
+            g = [row["gain_over_fbs_best"] for row in item["rows"]
+                 if row["strategy"] == "vbs" and row.get("gain_over_fbs_best")]
+            return f"{min(g):.2f}-{max(g):.2f}x" if g else "—"
+
+        def fastest(item: dict[str, Any]) -> float | None:
+            times = [row["time_per_sample_measured"] for row in item["rows"]
+                     if row["strategy"] == "fbs-best" and row.get("time_per_sample_measured")]
+            return min(times) if times else None
+
+        mine, theirs = fastest(b), fastest(eager)
+        lines.append(f"| {model} | {dtype} | {runtime} | {span(b)} | {span(eager)} | "
+                     + (f"{theirs / mine:.2f}x ({_ms(mine, 3)} against {_ms(theirs, 3)}) |"
+                        if mine and theirs else "— |"))
+    return lines + [""]
+
+
 def _bench(r: dict[str, Any]) -> list[str]:
     from workers.bench import markdown
 
     done = [b for b in r["items"] if "summary" in b]
     lines = ["## Every strategy at every budget (`vbs bench`)", "",
              "| model | dtype | budgets (MiB) | runs | over budget | time MAPE (%) | claimed peak = "
-             "measured | peak MAPE (%) | vbs vs fbs, max | vbs vs fbs-best, max | runtime |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "measured | peak MAPE (%) | vbs vs fbs, max | vbs vs fbs-best, max | --runtime | "
+             "runtimes run |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for b in done:
         s, g = b["summary"], b["gains"]
         budgets = sorted({row["memory_budget"] for row in b["rows"]})
@@ -143,8 +196,10 @@ def _bench(r: dict[str, Any]) -> list[str]:
         lines.append(f"| {b['model']} | {b['dtype']} | {_mib(budgets[0])}-{_mib(budgets[-1])} | "
                      f"{s['runs']} | {s['budget_exceeded']} | {_pct(s['time_mape'])} | "
                      f"{s['claimed_equals_measured']} of {s['runs']} | {_pct(s['peak_mape'])} | "
-                     f"{gain('fbs')} | {gain('fbs-best')} | {', '.join(b['runtimes'])} |")
-    lines += ["", "### Beside the paper's Table II", "",
+                     f"{gain('fbs')} | {gain('fbs-best')} | {b.get('runtime', 'torch')} | "
+                     f"{', '.join(b['runtimes'])} |")
+    lines += [""] + graphs_against_eager(done)
+    lines += ["### Beside the paper's Table II", "",
               f"The paper's columns are its own figures ({CITATION}), not ours: another GPU, "
               "another PyTorch, and budgets of 15-40 MB, where ours run from where fbs-best runs "
               "one sample to where fbs runs the whole request. Both state the largest reduction "
@@ -155,15 +210,18 @@ def _bench(r: dict[str, Any]) -> list[str]:
               "|---|---|---|---|---|---|"]
     for model, (name, low, high) in TABLE_II.items():
         ours = [b for b in done if b["model"] == model]
-        fbs = ", ".join(f"{b['gains']['fbs']['reduction_pct']:.1f} ({b['dtype']})" for b in ours
+        fbs = ", ".join(f"{b['gains']['fbs']['reduction_pct']:.1f} ({b['dtype']}, "
+                        f"{b.get('runtime', 'torch')})" for b in ours
                         if b["gains"].get("fbs")) or "—"
-        best = ", ".join(f"{b['gains']['fbs-best']['reduction_pct']:.1f} ({b['dtype']})"
+        best = ", ".join(f"{b['gains']['fbs-best']['reduction_pct']:.1f} ({b['dtype']}, "
+                         f"{b.get('runtime', 'torch')})"
                          for b in ours if b["gains"].get("fbs-best")) or "—"
         lines.append(f"| {model} | {fbs} | {best} | {name} | {low:.2f} | {high:.2f} |")
     lines += ["", "### Per model", ""]
     for b in done:
         if b["summary"]["runs"]:
-            lines += [f"dtype {b['dtype']}:", "", markdown({"summary": b["summary"], "rows": b["rows"]})]
+            lines += [f"dtype {b['dtype']}, --runtime {b.get('runtime', 'torch')}:", "",
+                      markdown({"summary": b["summary"], "rows": b["rows"]})]
     failed = [b for b in r["items"] if "summary" not in b]
     lines += [f"- {b['label']}: failed: {b.get('error', '')[-300:]}" for b in failed]
     return lines + [""]
@@ -247,8 +305,8 @@ def write(out: Path) -> Path:
     lines = [headline(records), "", "Made by `make gpu` (bench/gpu/); the device calls are in "
              "docs/gpu.md. Every figure comes from the JSON records beside this file.", ""]
     lines += _steps(records)
-    sections = {"install": _install, "tests": _tests, "profile": _profile, "bench": _bench,
-                "serve": _serve, "energy": _energy}
+    sections = {"install": _install, "tests": _tests, "profile": _profile, "graphs": _graphs,
+                "bench": _bench, "serve": _serve, "energy": _energy}
     for step, render in sections.items():
         if step in records:
             try:

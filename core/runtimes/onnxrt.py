@@ -35,7 +35,9 @@ import torch
 
 from core.errors import ExecutionError, OutOfMemoryError
 from core.units import Capture
+from core.runtimes.base import RuntimeOptions
 from core.runtimes.onnx_graphs import CannotCompose, UnitGraphs, export_units
+from core.runtimes.ort_memory import status_bytes
 from core.runs import TreeIndex
 from core.tree import Node, Parallel
 
@@ -115,10 +117,14 @@ class _Run:
     session: ort.InferenceSession
     binding: threading.local
     used: int = 0  # when it last ran (OrtUnits' clock): the least recently used goes first
+    held: int = 0  # how much the process grew making it, at least its weights
 
 
 class OrtUnits:
-    """Sessions for the runs of one captured model; ``run`` computes a run into a buffer."""
+    """Sessions for the runs of one captured model (a ``core.runtimes.base.UnitRuntime``);
+    ``run`` computes a run into a buffer."""
+
+    name = NAME
 
     def __init__(self, capture: Capture, graphs: UnitGraphs | None = None,
                  threads: int | None = None, *, arena: bool = True, spin: bool = True,
@@ -152,13 +158,38 @@ class OrtUnits:
             raise ExecutionError(f"{first!r}..{last!r} is not a run of one series")
         return nodes
 
-    def prepare(self, first: str, last: str) -> None:
-        """Build the session of a run now, not when it first runs."""
-        self._run(first, last)
+    def prepare(self, nodes: tuple[Node, ...], samples: int) -> None:
+        """Build the session of a run now, not when it first runs (one session runs it at
+        every batch size)."""
+        self._run(nodes[0].name, nodes[-1].name)
+
+    def call(self, nodes: tuple[Node, ...], x: torch.Tensor, samples: int,
+             own: bool = False) -> torch.Tensor:
+        """One call of the run ``nodes`` on ``x``, into an output of its own."""
+        out = self.output(nodes[-1], x, samples)
+        # views along the batch of the walk's chunks are contiguous, and a unit whose input
+        # is not dense in the model does not run on ONNX Runtime (planner.profiling.ort)
+        return self.run(nodes[0].name, nodes[-1].name, x.contiguous(), out)
 
     @property
     def sessions(self) -> int:
         return len(self._runs)
+
+    @property
+    def held_bytes(self) -> int:
+        """What the process grew by making the sessions it keeps, at least their weights
+        (host memory: a cgroup's reading counts it as used already)."""
+        return sum(run.held for run in list(self._runs.values()))
+
+    @property
+    def cached_bytes(self) -> int:
+        return 0
+
+    def release(self) -> None:
+        """Give back every session (a call still running keeps its own)."""
+        with self._lock:
+            self._runs.clear()
+        gc.collect()
 
     def _run(self, first: str, last: str) -> _Run:
         key = (first, last)
@@ -177,11 +208,15 @@ class OrtUnits:
                     raise ExecutionError(f"{self.capture.model.spec.name}: {first}..{last} cannot "
                                          f"run on ONNX Runtime: {exc}") from exc
                 self._make_room(first, last, SESSION_GROWTH * _weight_bytes(model))
+                before = status_bytes("VmRSS")
                 session = ort.InferenceSession(model.SerializeToString(),
                                                session_options(self.threads, arena=self._arena,
                                                                spin=self.spin),
                                                providers=providers(self.device))
-                found = self._runs[key] = _Run(session, threading.local())
+                # what the process grew by, at least the weights it copied (where it reused
+                # pages freed before, the growth shows less than the session keeps)
+                grown = max(status_bytes("VmRSS") - before, _weight_bytes(model))
+                found = self._runs[key] = _Run(session, threading.local(), held=grown)
             found.used = next(self._clock)
         return found
 
@@ -233,3 +268,8 @@ class OrtUnits:
         shape = (self.capture.joins[last.name].out_shape if isinstance(last, Parallel)
                  else self.capture.units[last.name].out_shape)
         return torch.empty((samples, *shape), dtype=like.dtype, device=like.device)
+
+
+def load(capture: Capture, options: RuntimeOptions) -> OrtUnits:
+    return OrtUnits(capture, spin=options.spin, max_sessions=options.max_sessions,
+                    room=options.room)

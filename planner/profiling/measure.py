@@ -23,6 +23,20 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from planner.profiling.cpu_memory import region_peaks
 
 REGION = "vbs::"
+RTOL = {torch.float32: 1e-4}  # another runtime's output against torch's; 1e-2 for 16 bits
+
+
+def differs(got: torch.Tensor, want: torch.Tensor) -> str:
+    """Why ``got`` is not ``want`` within the dtype's tolerance ('' when it is)."""
+    if got.shape != want.shape:
+        return f"its output has shape {tuple(got.shape)}, torch's {tuple(want.shape)}"
+    scale = float(want.abs().max()) if want.numel() else 0.0
+    rtol = RTOL.get(want.dtype, 1e-2)
+    error = float((got.float() - want.float()).abs().max()) if want.numel() else 0.0
+    if error != error or error > rtol * max(scale, 1e-6):
+        return (f"its outputs differ from torch's by {error:.3g} (tolerance {rtol:g} x "
+                f"{scale:.3g})")
+    return ""
 
 
 def _sync(device: torch.device) -> None:

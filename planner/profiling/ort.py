@@ -29,7 +29,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 import onnxruntime
 import torch
 
@@ -39,22 +38,11 @@ from core.runtimes.onnx_graphs import UnitGraphs
 from core.runtimes.onnxrt import OrtUnits, providers, session_options, unavailable
 from core.runtimes.ort_memory import measure_workspaces
 from core.tree import Layer, Node, Parallel, Series, iter_layers, iter_nodes
+from planner.profiling.fit import fit_call
+from planner.profiling.measure import differs
+from planner.profiling.takes import closed, longest_runs
 
-RTOL = {torch.float32: 1e-4}
-
-
-def _differs(got: torch.Tensor, want: torch.Tensor) -> str:
-    """Why ``got`` is not ``want`` within the dtype's tolerance ('' when it is)."""
-    if got.shape != want.shape:
-        return f"its output has shape {tuple(got.shape)}, torch's {tuple(want.shape)}"
-    scale = float(want.abs().max()) if want.numel() else 0.0
-    rtol = RTOL.get(want.dtype, 1e-2)
-    error = float((got.float() - want.float()).abs().max()) if want.numel() else 0.0
-    if error != error or error > rtol * max(scale, 1e-6):
-        return (f"its outputs differ from torch's by {error:.3g} (tolerance {rtol:g} x "
-                f"{scale:.3g})")
-    return ""
-
+__all__ = ["OrtProfile", "fit_call", "kernel_times", "median_times", "prepare"]
 
 @dataclass
 class _Profiled:
@@ -203,31 +191,6 @@ def kernel_times(profiled: Sequence[_Profiled]) -> dict[str, dict[int, list[floa
     return out
 
 
-def fit_call(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
-    """(call_s, byte_s) >= 0 that best explain what units cost called alone over their time
-    inside a run, ``alone - inside ~ call_s + byte_s * io_bytes``, by least squares over
-    ``points`` of (io_bytes, alone - inside): every unit at every batch size measured, so
-    that one noisy batch size does not give its own calls another price."""
-    if not points:
-        return 0.0, 0.0
-    y = np.array([extra for _, extra in points])
-    a = np.array([float(io) for io, _ in points])
-    best = (max(0.0, float(y.mean())), 0.0)
-    if float(a.var()) > 0:
-        slope, intercept = np.polyfit(a, y, 1)
-        if slope >= 0 and intercept >= 0:
-            return float(intercept), float(slope)
-        if slope >= 0:  # the fixed cost at 0: fit the slope through the origin
-            through = max(0.0, float(a @ y / (a @ a)))
-            if _sse(y, a, 0.0, through) < _sse(y, a, *best):
-                best = (0.0, through)
-    return best
-
-
-def _sse(y: np.ndarray, a: np.ndarray, call: float, per_byte: float) -> float:
-    return float(((y - call - per_byte * a) ** 2).sum())
-
-
 def median_times(samples: dict[str, dict[int, list[float]]]) -> dict[str, dict[int, float]]:
     return {name: {b: statistics.median(ts) for b, ts in per.items()}
             for name, per in samples.items()}
@@ -245,24 +208,9 @@ def prepare(capture: Capture, checks: list[torch.Tensor]) -> OrtProfile | str:
     with torch.inference_mode(), MODULE_GATE.running():
         for x in checks:
             _check(capture, units, graphs, x, unsupported)
-    for block in iter_nodes(capture.tree):  # a block runs whole only if all it holds can
-        if isinstance(block, Parallel) and block.name not in unsupported:
-            inside = next((n.name for n in iter_nodes(block) if n is not block
-                           and n.name in unsupported), None)
-            if inside is not None:
-                unsupported[block.name] = f"it holds {inside}, which runs on torch"
-    profile = OrtProfile(units, unsupported, ())
-    runs: list[tuple[Node, ...]] = []
-    current: list[Node] = []
-    for node in capture.tree.children:
-        if profile.supports(node):
-            current.append(node)
-        elif current:
-            runs.append(tuple(current))
-            current = []
-    if current:
-        runs.append(tuple(current))
-    return OrtProfile(units, unsupported, tuple(runs))
+    # a block runs whole only if all it holds can
+    unsupported = closed(capture.tree, unsupported, "it holds {}, which runs on torch")
+    return OrtProfile(units, unsupported, longest_runs(capture.tree, unsupported))
 
 
 def _check(capture: Capture, units: OrtUnits, graphs: UnitGraphs, x: torch.Tensor,
@@ -272,7 +220,7 @@ def _check(capture: Capture, units: OrtUnits, graphs: UnitGraphs, x: torch.Tenso
 
     def compare(node: Node, x: torch.Tensor, want: torch.Tensor) -> None:
         got = units.run(node.name, node.name, x.contiguous(), units.output(node, x, x.shape[0]))
-        why = _differs(got, want)
+        why = differs(got, want)
         if why:
             unsupported[node.name] = why
 

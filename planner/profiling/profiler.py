@@ -29,7 +29,7 @@ import torch
 from tqdm import tqdm
 
 from core import runtimes
-from core.errors import ProfileError, UsageError
+from core.errors import ProfileError, UsageError, VbsError
 from core.units import MODULE_GATE, Capture
 from core.runner import UnitRunner, run_node
 from planner.profiling.grid import batch_grid, fill_time, fill_workspace
@@ -44,7 +44,7 @@ log = logging.getLogger("vbs.profile")
 @dataclass(frozen=True)
 class ProfileOptions:
     """How to measure: the largest batch, repeats, warm-up runs, whether to use a grid, and
-    the unit runtimes (``core.runtimes.CHOICES``: auto, torch or onnxruntime)."""
+    the unit runtimes (``core.runtimes.CHOICES``: auto, torch, onnxruntime or cudagraph)."""
 
     batch_max: int
     repeats: int = 5
@@ -57,11 +57,12 @@ class ProfileOptions:
             raise UsageError(f"batch max {self.batch_max}: give a whole number >= 1")
         if self.repeats < 1 or self.warmup < 0:
             raise UsageError("repeats must be >= 1 and warm-up >= 0")
-        runtimes.resolve(self.runtime)  # a UsageError for an unknown one
+        if self.runtime not in runtimes.CHOICES:
+            runtimes.resolve(self.runtime)  # the UsageError that names the choices
 
-    @property
-    def runtimes(self) -> tuple[str, ...]:
-        return runtimes.resolve(self.runtime)
+    def runtimes_on(self, device: torch.device) -> tuple[str, ...]:
+        """The runtimes measured on ``device`` (``core.runtimes.resolve``)."""
+        return runtimes.resolve(self.runtime, device.type)
 
 
 def device_name(device: torch.device) -> str:
@@ -80,10 +81,12 @@ def device_name(device: torch.device) -> str:
 
 
 # How units are measured (METHOD: the passes, oneDNN's cache; ORT_METHOD: which units ONNX
-# Runtime takes, how its runs are timed and its workspace bounded): a change here changes
-# profiles without changing any version above, so it re-measures cached ones.
+# Runtime takes, how its runs are timed and its workspace bounded; CUDA_METHOD: the device's
+# time apart from the host's, CUDA graphs' runs, ``planner.profiling.cudagraph``): a change
+# here changes profiles without changing any version above, so it re-measures cached ones.
 METHOD = 2
 ORT_METHOD = 5
+CUDA_METHOD = 1
 
 
 def fingerprint(capture: Capture, options: ProfileOptions) -> str:
@@ -93,6 +96,7 @@ def fingerprint(capture: Capture, options: ProfileOptions) -> str:
     the values, so models that differ only in weights share profiles and tables.
     """
     spec = capture.model.spec
+    measured = options.runtimes_on(capture.model.device)
     key = {
         "tree": node_to_json(capture.tree, measured=False),
         "model": spec.name, "input_shape": list(capture.input_shape), "dtype": spec.dtype,
@@ -100,11 +104,13 @@ def fingerprint(capture: Capture, options: ProfileOptions) -> str:
         "cudnn": torch.backends.cudnn.version() if capture.model.device.type == "cuda" else None,
         "batch_max": options.batch_max, "grid": options.grid, "repeats": options.repeats,
         "runtime": options.runtime,
-        "runtimes": {name: runtimes.version(name) for name in options.runtimes},
+        "runtimes": {name: runtimes.version(name) for name in measured},
         "method": METHOD,
     }
-    if runtimes.ONNXRUNTIME in options.runtimes:
+    if runtimes.ONNXRUNTIME in measured:
         key["onnxruntime_method"] = ORT_METHOD
+    if capture.model.device.type == "cuda":
+        key["cuda_method"] = CUDA_METHOD
     blob = json.dumps(key, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -120,8 +126,9 @@ class _Figures:
 def _choose(layer: Layer, options: ProfileOptions, figures: dict[str, _Figures],
             unsupported: dict[str, dict[str, str]]) -> Layer:
     """A unit with every runtime's figures and, per b, the runtime its ``time``/``ws`` are
-    of: the fastest (``auto``), or ONNX Runtime wherever it takes the unit (``onnxruntime``).
-    ONNX Runtime's time is its time inside a run of units (``planner.profiling.ort``)."""
+    of: the fastest (``auto``), or the one named wherever it takes the unit (``onnxruntime``,
+    ``cudagraph``). Their time is their time inside a run of units
+    (``planner.profiling.ort``, ``planner.profiling.cudagraph``)."""
     B = options.batch_max
     name = layer.name
     if len(figures) == 1:  # torch alone: its figures, no runtime named
@@ -133,8 +140,8 @@ def _choose(layer: Layer, options: ProfileOptions, figures: dict[str, _Figures],
 
     chosen = []
     for b in range(1, B + 1):
-        if options.runtime == runtimes.ONNXRUNTIME and runtimes.ONNXRUNTIME in measured:
-            chosen.append(runtimes.ONNXRUNTIME)
+        if options.runtime not in ("auto", runtimes.TORCH) and options.runtime in measured:
+            chosen.append(options.runtime)
         else:  # the fastest; torch on a tie
             chosen.append(min(measured, key=lambda rt: (measured[rt].time[b - 1],
                                                         rt != runtimes.TORCH)))
@@ -241,6 +248,8 @@ def measure(capture: Capture, options: ProfileOptions, progress: bool = True) ->
         bar.close()
     figures = _torch_figures(capture, options, grid, samples, peaks)
     meta_runtimes = rts.meta(capture, figures, run_samples, grid, options.batch_max)
+    if capture.model.device.type == "cuda":
+        meta_runtimes.update(_cuda(capture, options, grid, inputs, figures, rts.unsupported))
     root = _fill(capture.tree, options, figures, rts.unsupported)
     assert isinstance(root, Series)
     meta = _meta(capture, options, grid, meta_runtimes, started)
@@ -262,7 +271,7 @@ class _Runtimes:
     def of(cls, capture: Capture, options: ProfileOptions, inputs: dict[int, torch.Tensor],
            grid: list[int]) -> _Runtimes:
         rts = cls({runtimes.TORCH: None})
-        if runtimes.ONNXRUNTIME not in options.runtimes:
+        if runtimes.ONNXRUNTIME not in options.runtimes_on(capture.model.device):
             return rts
         from planner.profiling import ort as ort_profiling  # onnx and onnxruntime: only here
 
@@ -295,6 +304,49 @@ class _Runtimes:
         if self.unavailable:
             out[runtimes.ONNXRUNTIME] = {"unavailable": self.unavailable}
         return out
+
+
+def _cuda(capture: Capture, options: ProfileOptions, grid: list[int],
+          inputs: dict[int, torch.Tensor], figures: dict[str, _Figures],
+          unsupported: dict[str, dict[str, str]]) -> dict[str, Any]:
+    """On CUDA (``planner.profiling.cudagraph``): torch's time of every unit becomes the
+    longer of the host's issue and the device's work, and CUDA graphs join the runtimes where
+    asked for; their meta (or why they are not used)."""
+    from planner.profiling import cudagraph
+
+    wanted = runtimes.CUDAGRAPH in options.runtimes_on(capture.model.device)
+    try:
+        graphs = cudagraph.measure(capture, grid, inputs, options.repeats)
+    except (VbsError, RuntimeError) as exc:  # torch's events in passes stand
+        log.warning("%s: the device's time apart from the host's is not measured: %s",
+                    capture.model.spec.name, exc)
+        return {runtimes.CUDAGRAPH: {"unavailable": str(exc)}} if wanted else {}
+    eager = figures[runtimes.TORCH].times
+    for name, per in graphs.host.items():
+        device = graphs.device.get(name, {}) if name not in graphs.unsupported else {}
+        for b, host in per.items():
+            if b in device:  # else the events' figure: the device time is not known apart
+                eager[name][b] = max(host, device[b])
+    if not wanted:
+        return {}
+    B = options.batch_max
+    out = cudagraph.unsupported_for(capture, graphs)
+    unsupported[runtimes.CUDAGRAPH] = out
+    times = {name: dict(per) for name, per in graphs.inside.items() if name not in out}
+    for name, per in eager.items():  # nodes graphs do not take: never read, but every node has one
+        times.setdefault(name, dict(per))
+    figures[runtimes.CUDAGRAPH] = _Figures(times, {
+        n.name: fill_workspace(graphs.ws[n.name], B) for n in iter_layers(capture.tree)
+        if n.name not in out})
+    return {runtimes.CUDAGRAPH: {
+        "version": runtimes.version(runtimes.CUDAGRAPH),
+        "call_s": fill_time(graphs.call_s, B), "byte_s": fill_time(graphs.byte_s, B),
+        "host_s": fill_time(graphs.host_s, B),
+        "runs": [{"first": r["first"], "last": r["last"],
+                  "seconds": fill_time(r["seconds"], B), "ws": fill_workspace(r["ws"], B)}
+                 for r in graphs.runs],
+        "eager_host_s": {name: fill_time(per, B) for name, per in graphs.host.items()},
+    }}
 
 
 def _timed_passes(capture: Capture, options: ProfileOptions, grid: list[int],

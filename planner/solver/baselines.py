@@ -44,7 +44,7 @@ def assignments(inst: Instance) -> tuple[Assignment, ...]:
         return ("",)
     if not inst.grouping:
         return (rt.TORCH,)
-    return ("runs",) if inst.runtime_choice == rt.ONNXRUNTIME else ("runs", rt.TORCH)
+    return ("runs",) if inst.runtime_choice == inst.grouping else ("runs", rt.TORCH)
 
 
 def _segments(chain: Chain, a: Assignment) -> list[tuple[int, int]]:

@@ -144,7 +144,7 @@ def _batches(values: Sequence[int]) -> str:
     return "+".join(parts)
 
 
-SHORT = {"onnxruntime": "ort", "torch": "torch"}
+SHORT = {"onnxruntime": "ort", "cudagraph": "graph", "torch": "torch"}
 
 
 def render(cmp: Comparison, title: str = "", detail: tuple[str, ...] = ("vbs", BASELINE)) -> str:

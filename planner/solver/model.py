@@ -12,7 +12,7 @@ layer (``layer`` or ``opaque``: run as a whole) or a parallel block whose branch
 A unit's own figures (``cost``, ``time``, ``ws``) are those of a step the executor runs
 itself: on torch where the profile names runtimes (``inf`` where the runtime choice keeps the
 unit off torch), else on the profile's only kernels. What a runtime that runs units in calls
-(ONNX Runtime) does is a chain's ``RunTable``: for every span of consecutive children of one
+(ONNX Runtime, CUDA graphs) does is a chain's ``RunTable``: for every span of consecutive children of one
 series it can run as one call, at every batch size, what that call costs
 (``planner.solver.pricing``) and needs (``core.runs.run_need``); a single unit on
 that runtime is a span of one.
@@ -203,11 +203,12 @@ def build_instance(profile: Profile, objective: str = "time", *, count_request: 
     choice = str(profile.meta.get("runtime", ""))
     calls = {r: cost for r in kinds if (cost := call_cost(profile, r)) is not None}
     for r, cost in calls.items():
-        if len(cost.call_s) != B or len(cost.byte_s) != B:
-            raise ProfileError(f"meta.runtimes.{r}: call_s and byte_s need {B} values each "
-                               "(b = 1..batch_max)")
-    # units run in calls of runs on ONNX Runtime; the energy objective has no figure for a call
-    grouping = rt.ONNXRUNTIME if rt.ONNXRUNTIME in kinds and objective == "time" else ""
+        if len(cost.call_s) != B or len(cost.byte_s) != B or len(cost.host_s) not in (0, B):
+            raise ProfileError(f"meta.runtimes.{r}: call_s and byte_s (and host_s where "
+                               f"given) need {B} values each (b = 1..batch_max)")
+    # units run in calls of runs on the runtime that runs them so (ONNX Runtime, CUDA
+    # graphs); the energy objective has no figure for a call
+    grouping = rt.grouping(kinds) if objective == "time" else ""
     run_memory = {key: ws for r in kinds for key, ws in measured_runs(profile, r).items()
                   if len(ws) == B}
     index = TreeIndex.of(profile.root)
@@ -251,7 +252,8 @@ class _Flattener:
             time, ws = tuple(float(t) for t in m.time), tuple(int(w) for w in m.ws)
         cost = time if self.objective == "time" else _costs(m.energy, "energy", m.name, B,
                                                             optional=False)
-        if self.kinds and self.choice == rt.ONNXRUNTIME and supports(m, rt.ONNXRUNTIME):
+        if self.kinds and self.choice in self.kinds and self.choice != rt.TORCH \
+                and supports(m, self.choice):
             cost = (math.inf,) * B  # --runtime onnxruntime: on it wherever it takes the unit
         return Unit(m.name, False, cost, time, ws)
 

@@ -9,7 +9,10 @@ executor pays (docs/architecture.md, "One model of time"):
 - a run (steps one runtime call executes, ``core.runs``): every unit's time
   inside the run and every whole block's join, plus one call of that runtime
   (``CallCost``: fixed, and by the bytes it takes and gives, which is what cutting a fused
-  run costs: the runtime's layout is left and re-entered at the cut);
+  run costs: the runtime's layout is left and re-entered at the cut, or a CUDA graph's
+  static buffers are copied in and out); where the host's issue of the call is measured
+  apart (a CUDA graph's replay), the run costs the longer of that and the device's work:
+  one stream waits for whichever is slower;
 - a step on such a runtime outside any run is a run of one.
 
 A profile that names no runtime costs (a hand-written chain, the paper's example) pays no
@@ -39,10 +42,15 @@ class Pricing:
     _inside: dict[tuple[str, str, int], float] = field(default_factory=dict, compare=False,
                                                        repr=False)
 
-    def call(self, runtime: str, c: int, in_bytes: int, out_bytes: int) -> float:
-        """One call of ``runtime`` on c samples beyond its units (0 where none is measured)."""
+    def call(self, runtime: str, c: int, in_bytes: int, out_bytes: int,
+             inside: Sequence[float] = ()) -> float:
+        """One call of ``runtime`` on c samples with its units' costs ``inside``: their sum,
+        plus the call where that runtime's is measured (``CallCost.total``: the host's issue
+        where that is longer)."""
         cost = self.calls.get(runtime) if self.objective == "time" else None
-        return cost.of(c, in_bytes, out_bytes) if cost is not None else 0.0
+        if cost is None:
+            return math.fsum(inside)
+        return cost.total(c, in_bytes, out_bytes, inside)
 
     def inside(self, node: Node, runtime: str, c: int) -> float:
         """A unit's cost at c samples on ``runtime`` without a call; a block's: its join's
@@ -69,14 +77,14 @@ class Pricing:
         """A step outside any run: a unit on ``runtime`` (a call of its own where that runtime
         has one), or a block's phase (the executor's folds)."""
         if isinstance(node, Layer):
-            return self.inside(node, runtime, c) + self.call(runtime, c, node.in_bytes,
-                                                             node.out_bytes)
+            return self.call(runtime, c, node.in_bytes, node.out_bytes,
+                             (self.inside(node, runtime, c),))
         return self.inside(node, rt.TORCH, c)
 
     def run(self, nodes: Sequence[Node], runtime: str, c: int) -> float:
         """A run of consecutive children of one series at c samples, blocks whole: every unit
         inside it, every block's join, one call."""
-        parts = [self.call(runtime, c, nodes[0].in_bytes, nodes[-1].out_bytes)]  # type: ignore[union-attr]
+        parts = []
         stack = list(reversed(nodes))
         while stack:
             node = stack.pop()
@@ -84,23 +92,23 @@ class Pricing:
             if isinstance(node, Parallel):
                 for b in reversed(fold_order(node)):
                     stack.extend(reversed(node.branches[b].children))
-        return math.fsum(parts)
+        return self.call(runtime, c, nodes[0].in_bytes, nodes[-1].out_bytes, parts)  # type: ignore[union-attr]
 
     def program(self, steps: Sequence[Step], runs: Sequence[tuple[int, int]]) -> float:
         """A program with its runs (first step, last step): see the module's doc."""
         parts = []
-        in_run: dict[int, str] = {}
+        in_run: set[int] = set()
         for start, end in runs:
             nodes = self.tree.run_nodes(steps, start, end)
             runtime = run_runtime(nodes[0], steps[start])
-            parts.append(self.call(runtime, steps[start].samples, nodes[0].in_bytes,  # type: ignore[union-attr]
-                                   nodes[-1].out_bytes))  # type: ignore[union-attr]
-            for k in range(start, end + 1):
-                in_run[k] = runtime
+            c = steps[start].samples
+            inside = [self.inside(self.tree.nodes[steps[k].unit], runtime, steps[k].samples)
+                      for k in range(start, end + 1)]
+            parts.append(self.call(runtime, c, nodes[0].in_bytes, nodes[-1].out_bytes,  # type: ignore[union-attr]
+                                   inside))
+            in_run.update(range(start, end + 1))
         for k, s in enumerate(steps):
-            node = self.tree.nodes[s.unit]
-            if k in in_run:
-                parts.append(self.inside(node, in_run[k], s.samples))
-            else:
+            if k not in in_run:
+                node = self.tree.nodes[s.unit]
                 parts.append(self.step(node, step_runtime(node, s), s.samples))
         return math.fsum(parts)

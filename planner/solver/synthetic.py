@@ -143,33 +143,40 @@ def chain_like(n_units: int = 150, batch_max: int = 32, seed: int = 0) -> Profil
                               f"synthetic-chain-{n_units}-{B}-{seed}"}, "root": nodes})
 
 
-def with_onnxruntime(profile: Profile, seed: int = 0, *, choice: str = "auto") -> Profile:
-    """``profile`` as if ONNX Runtime had measured it too: every unit faster inside a run than
-    on torch (more so at small batches, where a fused graph saves the most), with a workspace
-    of its own, a few units it cannot take, and a call that costs a fixed part and a part by
-    the bytes in and out (the shape ``planner.profiling.ort`` fits)."""
+def with_runtime(profile: Profile, seed: int = 0, *, runtime: str = "onnxruntime",
+                 choice: str = "auto") -> Profile:
+    """``profile`` as if a runtime that runs units in calls had measured it too: every unit
+    faster inside a run than on torch (more so at small batches, where a fused graph or one
+    launch saves the most), with a workspace of its own, a few units it cannot take (ONNX
+    Runtime: graphs take every unit), and a
+    call that costs a fixed part and a part by the bytes in and out (the shape
+    ``planner.profiling.ort`` fits). ``runtime="cudagraph"``: units much faster at small
+    batches (no launches), a small fixed cost, copies by the byte, and the host's issue of a
+    replay (``host_s``: a call costs at least that), as ``planner.profiling.cudagraph``
+    measures them."""
     import dataclasses
 
     from core.tree import Layer, Measured, Parallel, Series, iter_layers
 
     rng = random.Random(seed)
     B = profile.batch_max
-    ort = "onnxruntime"
+    graphs = runtime == "cudagraph"
 
     def unit(node: Layer) -> Layer:
         torch = Measured(node.time, node.ws)
-        if rng.random() < 0.08:
+        if not graphs and rng.random() < 0.08:  # graphs capture every unit of such models
             return dataclasses.replace(node, runtimes=(("torch", torch),), runtime=("torch",) * B,
-                                       unsupported=((ort, "not exported"),))
-        inside = Measured(tuple(round(t * (0.45 + 0.3 * b / B) * (1 + 0.1 * rng.random()), 9)
+                                       unsupported=((runtime, "not exported"),))
+        share = (lambda b: 0.2 + 0.7 * b / B) if graphs else (lambda b: 0.45 + 0.3 * b / B)
+        inside = Measured(tuple(round(t * share(b) * (1 + 0.1 * rng.random()), 9)
                                 for b, t in enumerate(node.time, start=1)),
                           tuple(w + node.out_bytes * b // 8 for b, w in enumerate(node.ws, start=1)))
-        chosen = tuple(ort if inside.time[b] < torch.time[b] else "torch" for b in range(B))
-        pick = {ort: inside, "torch": torch}
+        chosen = tuple(runtime if inside.time[b] < torch.time[b] else "torch" for b in range(B))
+        pick = {runtime: inside, "torch": torch}
         return dataclasses.replace(
             node, time=tuple(pick[c].time[b] for b, c in enumerate(chosen)),
             ws=tuple(pick[c].ws[b] for b, c in enumerate(chosen)),
-            runtimes=(("torch", torch), (ort, inside)), runtime=chosen)
+            runtimes=(("torch", torch), (runtime, inside)), runtime=chosen)
 
     def visit(node):  # type: ignore[no-untyped-def]
         if isinstance(node, Layer):
@@ -179,16 +186,18 @@ def with_onnxruntime(profile: Profile, seed: int = 0, *, choice: str = "auto") -
         assert isinstance(node, Parallel)
         block = dataclasses.replace(node, branches=tuple(visit(b) for b in node.branches))
         inner = [u for b in block.branches for u in iter_layers(b)]
-        takes = all(dict(u.runtimes).get(ort) for u in inner)
-        return dataclasses.replace(block, runtimes=((ort, Measured(tuple(
+        takes = all(dict(u.runtimes).get(runtime) for u in inner)
+        return dataclasses.replace(block, runtimes=((runtime, Measured(tuple(
             round(t * 0.5, 9) for t in block.time))),) if takes else ())
 
     meta = dict(profile.meta)
     meta["runtime"] = choice
-    meta["runtimes"] = {ort: {"version": "synthetic",
-                              "call_s": [round(8e-5 * (1 + 0.2 * rng.random()), 9) for _ in range(B)],
-                              "byte_s": [round(6e-11 * (1 + 0.2 * rng.random()), 15)
-                                         for _ in range(B)]}}
-    meta["fingerprint"] = f"{profile.fingerprint}-ort-{seed}-{choice}"
+    fixed, per_byte = (5e-6, 7e-13) if graphs else (8e-5, 6e-11)
+    info = {"version": "synthetic",
+            "call_s": [round(fixed * (1 + 0.2 * rng.random()), 9) for _ in range(B)],
+            "byte_s": [round(per_byte * (1 + 0.2 * rng.random()), 15) for _ in range(B)]}
+    if graphs:
+        info["host_s"] = [round(2.5e-5 * (1 + 0.2 * rng.random()), 9) for _ in range(B)]
+    meta["runtimes"] = {runtime: info}
+    meta["fingerprint"] = f"{profile.fingerprint}-{runtime}-{seed}-{choice}"
     return Profile(batch_max=B, root=visit(profile.root), meta=meta)
-

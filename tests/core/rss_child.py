@@ -41,7 +41,8 @@ def main(name: str, shape: tuple[int, ...], batch_max: int) -> None:
             fit = table.largest_fitting(r, limit)
             plan = table.plan(table.find(fit, limit), fit, limit)
             x = cap.model.example(fit, seed=fit)
-            run = (lambda: execute(cap, plan.program.steps, x, plan.split_map, plan.run_map, ort))
+            run = (lambda: execute(cap, plan.program.steps, x, plan.split_map, plan.run_map,
+                                   {ort.name: ort}))
             run(), run()  # sessions built, first-call allocations made
             gc.collect()
             base = status_bytes("VmRSS")

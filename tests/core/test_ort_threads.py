@@ -96,8 +96,8 @@ def test_a_served_models_sessions_use_the_policy_and_go_to_sleep_idle() -> None:
     before = _tasks()
     worker = Worker(cap, build_table(profile, slot_count=64), MemoryProbe("cpu"))
     threads = _tasks() - before  # the pools of the sessions its plans use
-    assert worker.ort is not None and worker.ort.sessions >= 1 and threads
-    for run in worker.ort._runs.values():
+    assert worker.runtimes["onnxruntime"].sessions >= 1 and threads
+    for run in worker.runtimes["onnxruntime"]._runs.values():
         options = run.session.get_session_options()
         assert options.get_session_config_entry(SPIN) == "1"
         assert options.get_session_config_entry(STOP) == "1"

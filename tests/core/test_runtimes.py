@@ -25,6 +25,7 @@ from core.loaded import ModelSpec
 from planner.models import load_model
 from planner.profiling.measure import cpu_peaks
 from planner.profiling.profiler import ProfileOptions, fingerprint, measure
+from core.runtimes.base import RuntimeOptions
 from core.runtimes.ort_memory import ENV
 from core.walk import executor_peak
 from planner.solver.tables import build_table
@@ -63,7 +64,7 @@ def test_onnxruntime_plans_equal_the_model_and_allocate_what_the_walk_counts(nam
     cap, table = worker.capture, worker.table
     assert table.runtimes == ("torch", ORT)
     if runtime == ORT:
-        assert worker.ort is not None and worker.ort.sessions >= 1  # the top plans' sessions
+        assert worker.runtimes[ORT].sessions >= 1  # the top plans' sessions
     smallest = int(table.min_peaks[0])
     on_ort = 0
     for fraction in (1.0, 0.4):
@@ -79,7 +80,7 @@ def test_onnxruntime_plans_equal_the_model_and_allocate_what_the_walk_counts(nam
                 assert choice.peak_bytes <= limit
                 steps, xr = choice.program.steps, x[:choice.batch]
                 measured = cpu_peaks([("run", lambda a: execute(cap, steps, a, choice.splits,
-                                                                choice.runs, worker.ort),
+                                                                choice.runs, worker.runtimes),
                                        lambda: xr)])["run"]
                 # what torch sees is the walk's count without ONNX Runtime's inside, exactly
                 assert measured == executor_peak(profile.root, steps, choice.batch,
@@ -94,7 +95,7 @@ def test_onnxruntime_plans_equal_the_model_and_allocate_what_the_walk_counts(nam
     for _, plan in table.plans_for(B):
         steps = plan.program.steps
         measured = cpu_peaks([("run", lambda a: execute(cap, steps, a, plan.split_map,
-                                                        plan.run_map, worker.ort),
+                                                        plan.run_map, worker.runtimes),
                                lambda: x)])["run"]
         assert measured == executor_peak(profile.root, steps, B, splits=plan.split_map,
                                          runs=plan.run_map, inside=False), (name, plan.plan_id)
@@ -106,14 +107,15 @@ def test_ort_spin_reaches_every_session_and_changes_no_output(spin: bool) -> Non
     cap = capture(load_model(ModelSpec("mobilenet_v2", input_shape=SHAPES["mobilenet_v2"])))
     profile = measure(cap, ProfileOptions(batch_max=B, repeats=1, warmup=0, runtime=ORT),
                       progress=False)
-    worker = Worker(cap, build_table(profile, slot_count=64), MemoryProbe("cpu"), ort_spin=spin)
+    worker = Worker(cap, build_table(profile, slot_count=64), MemoryProbe("cpu"),
+                    runtime_options=RuntimeOptions(spin=spin))
     x = cap.model.example(B, seed=1)
     with torch.inference_mode():
         expected = cap.model.module(x)
     y, _ = worker.infer(x)
     torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4 * float(expected.abs().max()))
-    assert worker.ort is not None and worker.ort.sessions >= 1
-    for run in worker.ort._runs.values():
+    assert worker.runtimes[ORT].sessions >= 1
+    for run in worker.runtimes[ORT]._runs.values():
         options = run.session.get_session_options()
         assert options.get_session_config_entry("session.intra_op.allow_spinning") == str(int(spin))
 
@@ -189,24 +191,28 @@ def test_a_session_is_made_only_where_memory_allows_and_old_ones_go_first() -> N
     torch.manual_seed(0)
     cap = capture(load_model(ModelSpec("resnet18", input_shape=(3, 32, 32))))
     children = cap.tree.children
-    whole = (children[0].name, children[-1].name)
+    whole = tuple(children)
     need = SESSION_GROWTH * _weight_bytes(
         OrtUnits(cap).graphs.compose(children))  # resnet18: ~47 MB of weights
     free = [10 * need]
     units = OrtUnits(cap, room=lambda: free[0])
     before = _rss_anon()
-    units.prepare(*whole)
+    units.prepare(whole, 1)
     grown = _rss_anon() - before
     assert grown <= need, f"a session of {need // SESSION_GROWTH} weight bytes grew {grown}"
-    units.prepare(children[0].name, children[2].name)
+    # what it keeps is measured as it is made (resident memory: the weights at least)
+    assert need // SESSION_GROWTH <= units.held_bytes <= need and units.cached_bytes == 0
+    units.prepare(tuple(children[:3]), 1)
     assert units.sessions == 2
     free[0] = 0  # short: every session is given back, and still short
     with pytest.raises(OutOfMemoryError, match="needs about"):
-        units.prepare(children[3].name, children[-1].name)
-    assert units.sessions == 0
+        units.prepare(tuple(children[3:]), 1)
+    assert units.sessions == 0 and units.held_bytes == 0
     free[0] = need  # enough: made
-    units.prepare(*whole)
+    units.prepare(whole, 1)
     assert units.sessions == 1
+    units.release()
+    assert units.sessions == 0
 
 
 def test_a_unit_onnx_cannot_take_runs_on_torch_and_the_profile_says_why() -> None:

@@ -36,35 +36,47 @@ def _flatten(node):
     return [node]
 
 
+CALLS = (ORT, "cudagraph")  # the runtimes that run units in calls of runs
+
+
 class _Runtimes:
-    """What the profile says of ONNX Runtime: which nodes it takes, their times inside a run,
-    what a call costs, and whether torch may run a unit it takes (``--runtime onnxruntime``
-    keeps such units off torch)."""
+    """What the profile says of the runtime that runs units in calls (ONNX Runtime, or CUDA
+    graphs): which nodes it takes, their times inside a run, what a call costs (with the
+    host's issue of it where measured: a call then costs the longer of the two), and whether
+    torch may run a unit it takes (``--runtime onnxruntime`` keeps such units off torch)."""
 
     def __init__(self, profile: Profile):
-        info = (profile.meta.get("runtimes") or {}).get(ORT) or {}
+        measured = (profile.meta.get("runtimes") or {})
+        self.name = next((r for r in CALLS if (measured.get(r) or {}).get("call_s")), ORT)
+        info = measured.get(self.name) or {}
         self.call_s, self.byte_s = info.get("call_s"), info.get("byte_s")
+        self.host_s = info.get("host_s")
         self.named = any(layer.runtimes for layer in iter_layers(profile.root))
-        self.only = profile.meta.get("runtime") == ORT
+        # in play only where a unit measured it (a block alone runs no call of its own)
+        if not any(dict(layer.runtimes).get(self.name) for layer in iter_layers(profile.root)):
+            self.call_s = None
+        self.only = profile.meta.get("runtime") == self.name
 
     def takes(self, node) -> bool:
-        if any(name == ORT for name, _ in node.unsupported):
+        if any(name == self.name for name, _ in node.unsupported):
             return False
         if isinstance(node, Layer):
-            return dict(node.runtimes).get(ORT) is not None
+            return dict(node.runtimes).get(self.name) is not None
         return all(self.takes(c) for b in node.branches for c in b.children)
 
     def inside(self, node, c: int) -> float:
-        measured = dict(node.runtimes).get(ORT)
+        measured = dict(node.runtimes).get(self.name)
         total = measured.time[c - 1] if measured is not None else (node.time[c - 1] if node.time else 0.0)
         if isinstance(node, Parallel):
             total += sum(self.inside(child, c) for b in node.branches for child in b.children)
         return total
 
-    def call(self, c: int, in_bytes: int, out_bytes: int) -> float:
+    def call(self, c: int, in_bytes: int, out_bytes: int, inside: float) -> float:
+        """A call of units costing ``inside`` in all."""
         if not self.call_s:
-            return 0.0
-        return self.call_s[c - 1] + self.byte_s[c - 1] * (in_bytes + out_bytes) * c
+            return inside
+        device = self.call_s[c - 1] + self.byte_s[c - 1] * (in_bytes + out_bytes) * c + inside
+        return max(device, self.host_s[c - 1]) if self.host_s else device
 
     def torch(self, unit: Layer, c: int) -> tuple[float, int] | None:
         """(time, ws) of a unit's own step on torch (None where it may not run there)."""
@@ -156,14 +168,14 @@ def _moves(chain: _Chain, state, outside: int, budget: int, objective: str):
                 continue  # a run's units take what the one before made, nothing else
             nodes = chain.units[i:j + 1]
             for c in range(1, counts[i] + 1):
-                need = held + run_internal(nodes, c, ORT) + nodes[-1].out_bytes * c
+                need = held + run_internal(nodes, c, chain.rts.name) + nodes[-1].out_bytes * c
                 if need > budget:
                     continue
                 new = list(counts)
                 new[i] -= c
                 new[j + 1] += c
-                cost = (sum(chain.rts.inside(u, c) for u in nodes)
-                        + chain.rts.call(c, nodes[0].in_bytes, nodes[-1].out_bytes))
+                cost = chain.rts.call(c, nodes[0].in_bytes, nodes[-1].out_bytes,
+                                      sum(chain.rts.inside(u, c) for u in nodes))
                 yield cost, ("run", tuple(u.name for u in nodes), c), (tuple(new), None)
         for pos, unit in enumerate(chain.units):
             for c in range(1, counts[pos] + 1):
@@ -199,7 +211,7 @@ def _moves(chain: _Chain, state, outside: int, budget: int, objective: str):
 
 def oracle(profile: Profile, r: int, budget: int, objective: str = "time"):
     """(least cost, moves) or (inf, None) when nothing fits; a move is (unit, c), or
-    ("run", unit names, c) for one ONNX Runtime call."""
+    ("run", unit names, c) for one call of the runtime that runs units in calls."""
     rts = _Runtimes(profile)
     if objective != "time":
         rts.call_s = None  # the energy objective prices no calls: no runs
@@ -311,9 +323,11 @@ def strategies():
         return profile, r, budget
 
     @st.composite
-    def with_onnxruntime(draw, base):
-        """A case of ``base`` whose units ONNX Runtime also measured (most of them: some it
-        does not take), with a cost of a call, and the runtime choice auto or onnxruntime."""
+    def with_onnxruntime(draw, base, runtime: str = ORT, host: bool = False):
+        """A case of ``base`` whose units ``runtime`` (ONNX Runtime, or CUDA graphs) also
+        measured (most of them: some it does not take), with a cost of a call (and, with
+        ``host``, the host's issue of one, which a call costs where it is longer), and the
+        runtime choice auto or that runtime."""
         profile, r, budget = draw(base)
         B = profile.batch_max
 
@@ -324,13 +338,14 @@ def strategies():
             torch = Measured(node.time, node.ws)
             if draw(st.integers(0, 4)) == 0:
                 return replace(node, runtimes=(("torch", torch),), runtime=("torch",) * B,
-                               unsupported=((ORT, "not exported"),))
-            ort = Measured(tuple(float(t) for t in ints(1, 9)), ints(0, 4))
-            chosen = tuple(ORT if ort.time[b] < torch.time[b] else "torch" for b in range(B))
-            pick = {ORT: ort, "torch": torch}
+                               unsupported=((runtime, "not exported"),))
+            other = Measured(tuple(float(t) for t in ints(1, 9)), ints(0, 4))
+            chosen = tuple(runtime if other.time[b] < torch.time[b] else "torch"
+                           for b in range(B))
+            pick = {runtime: other, "torch": torch}
             return replace(node, time=tuple(pick[c].time[b] for b, c in enumerate(chosen)),
                            ws=tuple(pick[c].ws[b] for b, c in enumerate(chosen)),
-                           runtimes=(("torch", torch), (ORT, ort)), runtime=chosen)
+                           runtimes=(("torch", torch), (runtime, other)), runtime=chosen)
 
         def visit(node):
             if isinstance(node, Layer):
@@ -338,15 +353,16 @@ def strategies():
             if isinstance(node, Series):
                 return replace(node, children=tuple(visit(c) for c in node.children))
             block = replace(node, branches=tuple(visit(b) for b in node.branches))
-            runtimes = ((ORT, Measured(tuple(float(t) for t in ints(0, 2)))),) \
-                if all(dict(u.runtimes).get(ORT) for u in iter_layers(block)) else ()
+            runtimes = ((runtime, Measured(tuple(float(t) for t in ints(0, 2)))),) \
+                if all(dict(u.runtimes).get(runtime) for u in iter_layers(block)) else ()
             return replace(block, runtimes=runtimes)
 
-        meta = {"runtime": draw(st.sampled_from(["auto", "auto", ORT])),
-                "runtimes": {ORT: {"version": "test",
-                                   "call_s": [float(v) for v in ints(0, 6)],
-                                   "byte_s": [draw(st.sampled_from([0.0, 0.5, 1.0]))
-                                              for _ in range(B)]}}}
+        info = {"version": "test", "call_s": [float(v) for v in ints(0, 6)],
+                "byte_s": [draw(st.sampled_from([0.0, 0.5, 1.0])) for _ in range(B)]}
+        if host:
+            info["host_s"] = [float(v) for v in ints(0, 16)]
+        meta = {"runtime": draw(st.sampled_from(["auto", "auto", runtime])),
+                "runtimes": {runtime: info}}
         return Profile(batch_max=B, root=visit(profile.root), meta=meta), r, budget + \
             draw(st.integers(0, 12))
 
@@ -357,7 +373,8 @@ def oracle_program(profile: Profile, moves) -> tuple[list[Step], list[tuple[int,
     """The oracle's moves as a program's steps and runs (a run: every unit it holds, blocks
     whole, named for ONNX Runtime)."""
     nodes = {n.name: n for n in iter_nodes(profile.root)}
-    own = "torch" if _Runtimes(profile).named else ""  # a unit's own step
+    rts = _Runtimes(profile)
+    own = "torch" if rts.named else ""  # a unit's own step
     steps: list[Step] = []
     runs: list[tuple[int, int]] = []
     for move in moves:
@@ -366,17 +383,17 @@ def oracle_program(profile: Profile, moves) -> tuple[list[Step], list[tuple[int,
             continue
         start = len(steps)
         for name in move[1]:
-            _whole(nodes[name], move[2], steps)
+            _whole(nodes[name], move[2], steps, rts.name)
         runs.append((start, len(steps) - 1))
     return steps, runs
 
 
-def _whole(node, c: int, steps: list[Step]) -> None:
-    steps.append(Step(node.name, c, ORT))
+def _whole(node, c: int, steps: list[Step], runtime: str) -> None:
+    steps.append(Step(node.name, c, runtime))
     if isinstance(node, Parallel):
         for b in fold_order(node):
             for child in node.branches[b].children:
-                _whole(child, c, steps)
+                _whole(child, c, steps, runtime)
 
 
 def _layers_of(nodes):

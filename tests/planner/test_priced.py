@@ -17,7 +17,7 @@ from planner.solver.dp import ChainTables
 from planner.solver.model import build_instance
 from planner.solver.simulate import simulate
 from planner.solver.solve import default_slot_bytes, plan_of, raw_steps, solve, table_slots
-from planner.solver.synthetic import chain_like, googlenet_like, resnet50_like, with_onnxruntime
+from planner.solver.synthetic import chain_like, googlenet_like, resnet50_like, with_runtime
 from planner.solver.tables import CALL_MARGIN, build_tables, call_margin
 from core.tree import Layer, Measured, Profile, Series, profile_to_json
 
@@ -25,10 +25,14 @@ ORT, TORCH = "onnxruntime", "torch"
 REL = 1e-12
 
 PROFILES = {
-    "googlenet": lambda: with_onnxruntime(googlenet_like(6, seed=2), seed=1),
-    "resnet50": lambda: with_onnxruntime(resnet50_like(6, seed=2), seed=1),
-    "chain": lambda: with_onnxruntime(chain_like(16, 6, seed=2), seed=1),
-    "onnxruntime only": lambda: with_onnxruntime(resnet50_like(4, seed=3), seed=2,
+    "googlenet": lambda: with_runtime(googlenet_like(6, seed=2), seed=1),
+    "resnet50": lambda: with_runtime(resnet50_like(6, seed=2), seed=1),
+    "chain": lambda: with_runtime(chain_like(16, 6, seed=2), seed=1),
+    "googlenet on CUDA graphs": lambda: with_runtime(googlenet_like(6, seed=2), seed=1,
+                                                     runtime="cudagraph"),
+    "resnet50 on CUDA graphs": lambda: with_runtime(resnet50_like(6, seed=2), seed=1,
+                                                    runtime="cudagraph"),
+    "onnxruntime only": lambda: with_runtime(resnet50_like(4, seed=3), seed=2,
                                                  choice=ORT),
 }
 
@@ -118,7 +122,7 @@ def test_a_vbs_row_takes_more_calls_only_for_more_than_the_margin(case):
 
 
 def test_fbs_best_runs_the_model_as_one_call_per_phase_where_the_runtime_takes_it():
-    profile = with_onnxruntime(chain_like(8, 4, seed=5), seed=3)
+    profile = with_runtime(chain_like(8, 4, seed=5), seed=3)
     inst = build_instance(profile, count_request=False)
     taken = [k for k, node in enumerate(inst.root.nodes) if node.measured(ORT) is not None]
     steps, runs = baselines.fbs_program(inst, 2, 4, "runs")
@@ -214,3 +218,66 @@ def test_one_call_more_needs_a_small_margin_many_need_the_whole_one():
     assert fbs.time_total * (1 - CALL_MARGIN) < plan.time_total < fbs.time_total * (1 - call_margin(1))
     kept = build_tables(profile, ("vbs",))["vbs"].lookup(8, 3500)
     assert kept.plan_id == plan.plan_id
+
+
+def _recorded(model: str, batch_max: int) -> Profile:
+    """A CUDA profile recorded on an H100 (docs/bench/gpu-h100, eager torch, B = 32), cut to
+    ``batch_max``."""
+    import tarfile
+    from pathlib import Path
+
+    from core.tree import profile_from_json
+
+    archive = Path(__file__).resolve().parents[2] / "docs/bench/gpu-h100/profiles-float32.tar.gz"
+    with tarfile.open(archive) as tar:
+        raw = json.load(tar.extractfile(f"profiles/{model}-float32-b32.json"))  # type: ignore[arg-type]
+
+    def cut(node: dict) -> None:
+        for key in ("time", "ws"):
+            if node.get(key):
+                node[key] = node[key][:batch_max]
+        for child in node.get("children", ()) or ():
+            cut(child)
+        for branch in node.get("branches", ()) or ():
+            cut(branch)
+
+    cut(raw["root"])
+    raw["batch_max"] = batch_max
+    return profile_from_json(raw)
+
+
+@pytest.mark.parametrize("model", ["resnet50", "mobilenet_v2"])
+def test_graph_runs_on_a_recorded_cuda_profile_are_priced_as_they_run(model):
+    """A CUDA profile recorded on an H100, with CUDA graphs' figures in the shape the profiler
+    measures them (``with_runtime``: a unit's time inside a graph, a replay's copies by the
+    byte, the host's issue of a replay): the DP's plans cost what pricing says (the host's
+    issue where it is longer), vbs is never slower than fbs-best, and fbs-best runs the whole
+    model as one graph per phase, as Triton captures one per batch size. No graph figure has
+    been recorded on a GPU yet: docs/gpu.md's run records the first."""
+    profile = with_runtime(_recorded(model, 6), seed=4, runtime="cudagraph")
+    inst = build_instance(profile, count_request=False)
+    assert inst.grouping == "cudagraph"
+    tables = build_tables(profile, ("vbs", "fbs-best"))
+    vbs, best = tables["vbs"], tables["fbs-best"]
+    host_bound = 0
+    for r in (1, 3, 6):
+        for peak, plan in vbs.plans_for(r):
+            assert math.isclose(inst.time_pricing.program(plan.program.steps, plan.runs),
+                                plan.time_total, rel_tol=REL)
+            try:
+                base = best.lookup(r, peak)
+            except InfeasibleError:
+                continue
+            assert plan.time_total <= base.time_total * (1 + CALL_MARGIN) / (1 - CALL_MARGIN)
+        whole = best.lookup(r, best.top_bytes)
+        n = len(inst.root.units)
+        assert len(whole.runs) * whole.program.steps[0].samples >= r  # one call per phase
+        assert all(s.runtime == "cudagraph" for s in whole.program.steps)
+        assert len(whole.runs) == -(-r // whole.program.steps[0].samples) and n > 10
+        cost = inst.calls["cudagraph"]
+        for start, end in whole.runs:
+            nodes = inst.index.run_nodes(whole.program.steps, start, end)
+            c = whole.program.steps[start].samples
+            priced = inst.time_pricing.run(nodes, "cudagraph", c)
+            host_bound += priced == cost.host_s[c - 1]
+    assert host_bound == 0, "a whole model's graph is the device's work, not the host's issue"

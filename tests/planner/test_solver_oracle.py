@@ -94,6 +94,20 @@ def test_priced_trees_with_blocks_against_the_oracle(case):
     check_against_oracle(*case)
 
 
+@settings(max_examples=600, **SETTINGS)
+@given(with_onnxruntime(small_chain(max_units=4, max_batch=4), runtime="cudagraph", host=True))
+def test_graph_runs_priced_by_the_slower_of_host_and_device_against_the_oracle(case):
+    """CUDA graphs' runs: a call costs the longer of the host's issue and the device's work,
+    and the DP still finds the true optimum in that cost model."""
+    check_against_oracle(*case)
+
+
+@settings(max_examples=250, **SETTINGS)
+@given(with_onnxruntime(small_tree(max_layers=4, max_batch=3), runtime="cudagraph", host=True))
+def test_graph_runs_in_trees_with_blocks_against_the_oracle(case):
+    check_against_oracle(*case)
+
+
 @settings(max_examples=400, **SETTINGS)
 @given(st.one_of(small_chain(), small_tree(), with_onnxruntime(small_chain(max_units=4))),
        st.integers(2, 3))

@@ -15,7 +15,7 @@
                   'fbs-best': '#a0101c'};
   const DASHES = {vbs: '', paper: '7 3', greedy: '2 3', fbs: '9 3 2 3', 'fbs-best': '4 2'};
   const PHASE_FILLS = ['#1f4e9e', '#2f66b8'];
-  const RUNTIME_SHORT = {onnxruntime: 'ort', torch: 'torch'};  // a unit's runtime, beside its name
+  const RUNTIME_SHORT = {onnxruntime: 'ort', cudagraph: 'graph', torch: 'torch'};  // a unit's runtime, beside its name
   const SLIDER_STEPS = 200;
   const LIVE_EVERY_MS = 1500;
   const MODELS_EVERY_MS = 5000;

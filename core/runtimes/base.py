@@ -1,0 +1,64 @@
+"""The interface every unit runtime implements, and what the worker tells it when it loads one.
+
+A runtime runs a *run*: consecutive children of one series (``core.runs``) at one batch
+size, reading the walk's input and giving an output buffer the walk then owns and frees, so
+the activations between calls stay the executor's and the table's accounting holds (a run of
+one unit is a step). What a runtime keeps between calls (ONNX Runtime's sessions, CUDA
+graphs and their private memory pool) it makes ahead in ``prepare`` and says in
+``held_bytes``; the part of the device allocator's cache it keeps for itself, which a reading
+of free device memory would otherwise count as free, in ``cached_bytes``. ``release`` gives
+it all back (a table swapped out, a model unloaded).
+
+Errors: ``core.errors.ExecutionError`` for a run it cannot make, ``OutOfMemoryError`` when
+what it would make does not fit in ``RuntimeOptions.room`` (the worker then runs a smaller
+plan).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from core.tree import Node
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """How a worker loads a runtime: ONNX Runtime's session policy (``spin``, the most
+    sessions kept), and ``room``, the bytes free now on the runtime's memory, read before
+    it makes a session or captures a graph (None: not read)."""
+
+    spin: bool = True
+    max_sessions: int = 128
+    room: Callable[[], int] | None = None
+
+
+class UnitRuntime(Protocol):
+    """The units of one captured model on one runtime."""
+
+    name: str
+
+    def prepare(self, nodes: tuple[Node, ...], samples: int) -> None:
+        """Make what the run of ``nodes`` on ``samples`` samples needs now, not at its first
+        call."""
+
+    def call(self, nodes: tuple[Node, ...], x: torch.Tensor, samples: int,
+             own: bool = False) -> torch.Tensor:
+        """Run ``nodes`` on ``x`` (``samples`` samples) into an output allocated here, which
+        the caller then owns; ``own``: nobody else reads ``x`` (a unit that only writes into
+        its input may write it)."""
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes it keeps between calls, outside any plan."""
+
+    @property
+    def cached_bytes(self) -> int:
+        """The part of the device allocator's cache it keeps for itself (not free for plans)."""
+
+    def release(self) -> None:
+        """Give back everything it keeps."""
