@@ -16,4 +16,4 @@ read -r -a models <<< "${MODELS:-mnasnet0_5 regnet_x_400mf mobilenet_v2 squeezen
 for model in "${models[@]}"; do
   "$vbs" bench --model "$model" --batch "$batch" --memory "$memory" --repeat "$repeat" --out "$out"
 done
-.venv/bin/python -m workers.bench $(printf "$out/%s.json " "${models[@]}")
+.venv/bin/python -m workers.plans_measured $(printf "$out/%s.json " "${models[@]}")

@@ -57,7 +57,7 @@ with open_store(s.store_location) as st:
 probe = MemoryProbe("cpu")
 arbiter = Arbiter("cpu", probe.free)
 arbiter.register(model, lambda: p.table, lambda: 1)
-worker = Worker(p.capture, p.table, probe, name=model, arbiter=arbiter,
+worker = Worker(p.capture, p.table, probe, name=model, memory=arbiter,
                 runtime_options=RuntimeOptions(spin=s.ort_spin))
 units = worker.runtimes["onnxruntime"]
 x = p.capture.model.example(n)

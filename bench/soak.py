@@ -205,15 +205,14 @@ async def chaos_memory(app: Any, every: float, stop: asyncio.Event, rng: random.
     registry = app.state.registry
     while not stop.is_set():
         await stopped_within(stop, every)
-        # one limit for the device (its models share one probe and one arbiter), drawn from
+        # one limit for the device (its models share its one memory owner), drawn from
         # the models' tables: mostly a budget some plan fits; now and then none of one
         # model's (503) or no limit at all
         tables = [entry.table for entry in registry.entries.values()]
         low = max(int(t.min_peaks[0]) for t in tables)
         high = max(int(t.top_bytes) for t in tables)
         limit = rng.choice([0, int(low * 0.9)] + [rng.randint(low, max(low, high))] * 4)
-        for probe in registry.probes.values():
-            probe.limit = limit  # 0 = what is free
+        registry.memory.probe.limit = limit  # 0 = what is free
         tally["limit_changes"] += 1
 
 

@@ -16,5 +16,5 @@ for model in googlenet resnet50; do
   "$PY" -m service.commands profile --model "$model" --batch-max 32 --grid --quiet \
     --out "$out/$model-32.json"
 done
-"$PY" -m planner.solver.bench --repeat 3 --markdown \
+"$PY" -m planner.solver.build_times --repeat 3 --markdown \
   --profile "$out/googlenet-32.json" --profile "$out/resnet50-32.json"

@@ -52,7 +52,7 @@ def spread(values: list[float]) -> str:
 def in_process(rounds: int, calls: int = 100_000) -> dict[str, list[float]]:
     from planner.solver.synthetic import chain_like
     from planner.solver.tables import build_table
-    from service.batcher import Outcome, Timing
+    from service.batch_stage import Outcome, Timing
     from service.live import Live
     from workers.worker import Choice, RunInfo
 

@@ -6,6 +6,7 @@ callers only ever catch these::
 
     VbsError
     ├── UsageError              bad input from a user: a flag, a size, a shape
+    │   ├── RequestTooLargeError    a request would not fit a memory limit even alone
     │   └── ModelError          the model cannot be loaded, built or run as given
     │       ├── TraceError          torch.fx cannot capture the model
     │       └── BatchMixingError    an op mixes samples of a batch
@@ -31,6 +32,11 @@ class VbsError(Exception):
 
 class UsageError(VbsError):
     """A flag, size, shape or name given by the user is not valid."""
+
+
+class RequestTooLargeError(UsageError):
+    """A request would not fit in the memory limit even with nothing else held (the message
+    names the field, the limit and what to send instead)."""
 
 
 class ModelError(UsageError):

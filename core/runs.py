@@ -7,12 +7,14 @@ units once at c, its join in the graph). Where a plan cuts its runs is the DP's 
 cut costs a call: ``planner.solver.pricing``), so every plan carries its runs and the walk
 (``core.walk``) follows them; this module holds what a run is and holds:
 
-- ``run_internal``: the bytes a run holds inside the runtime (the activations between its
-  units and the largest workspace): its input is the walk's take, its output the walk's own
-  buffer, so neither is counted here. Built from the units' own workspaces, which already
-  hold the runtime's copies of their input and output, it errs high; the runs the profiler
-  measured whole (``measured_runs``) are counted as measured;
-- ``run_need``: the most a run needs while it runs, the one figure the DP, the simulator and
+- ``unit_figures``: a unit's (seconds, workspace bytes) on a runtime at c samples;
+- ``held_inside_bound``: the bytes a run holds inside the runtime (the activations between
+  its units and the largest workspace): its input is the walk's take, its output the walk's
+  own buffer, so neither is counted here. Built from the units' own workspaces, which already
+  hold the runtime's copies of their input and output, it errs high;
+- ``held_inside``: what a run holds inside the runtime: as measured for the runs the
+  profiler measured whole (``measured_runs``), else ``held_inside_bound``;
+- ``run_peak``: the most a run needs while it runs, the one figure the DP, the simulator and
   the walk use for it.
 
 What runs cost is ``planner.solver.pricing``'s.
@@ -105,7 +107,7 @@ def run_runtime(first: Node, step: Step) -> str:
     return step.runtime or rt.ONNXRUNTIME
 
 
-def figures(layer: Layer, runtime: str, c: int) -> tuple[float, int]:
+def unit_figures(layer: Layer, runtime: str, c: int) -> tuple[float, int]:
     """(seconds, workspace bytes) of a unit on ``runtime`` at c samples: the unit's own
     ``time``/``ws`` when they are that runtime's (its default at c, or a profile that names
     none), else that runtime's measurements."""
@@ -116,11 +118,11 @@ def figures(layer: Layer, runtime: str, c: int) -> tuple[float, int]:
 
 
 def _unit_ws(layer: Layer, runtime: str, c: int) -> int:
-    return figures(layer, runtime, c)[1]
+    return unit_figures(layer, runtime, c)[1]
 
 
-def run_internal(nodes: Sequence[Node], c: int, runtime: str, granule: int = 1,
-                 *, count_output: bool = False) -> int:
+def held_inside_bound(nodes: Sequence[Node], c: int, runtime: str, granule: int = 1,
+                      *, count_output: bool = False) -> int:
     """The most a run of ``nodes`` at c samples holds inside ``runtime`` at once: at every
     unit, its input and output when they are the run's own (not its first input; not its
     last output unless ``count_output``) and its workspace; in a block, the fork and the
@@ -138,31 +140,31 @@ def run_internal(nodes: Sequence[Node], c: int, runtime: str, granule: int = 1,
             for b in fold_order(node):
                 branch = node.branches[b]
                 if branch.children:
-                    inner = max(inner, done + run_internal(branch.children, c, runtime, granule,
-                                                           count_output=True))
+                    inner = max(inner, done + held_inside_bound(
+                        branch.children, c, runtime, granule, count_output=True))
                     done += allocation(branch.out_bytes * c, granule)
             inner = max(inner, done)  # every branch output, read by the join op
         else:
-            inner = run_internal(node.children, c, runtime, granule, count_output=True)
+            inner = held_inside_bound(node.children, c, runtime, granule, count_output=True)
             held_out = 0
         top = max(top, held_in + held_out + inner)
     return top
 
 
-def run_inner(nodes: Sequence[Node], c: int, runtime: str, granule: int = 1,
-              measured: RunMemory | None = None) -> int:
+def held_inside(nodes: Sequence[Node], c: int, runtime: str, granule: int = 1,
+                measured: RunMemory | None = None) -> int:
     """What a run of ``nodes`` at c samples holds inside ``runtime``: as the profiler measured
-    it where it measured that run whole, else ``run_internal``'s bound."""
+    it where it measured that run whole, else ``held_inside_bound``."""
     whole = (measured or {}).get((nodes[0].name, nodes[-1].name))
-    return whole[c - 1] if whole else run_internal(nodes, c, runtime, granule)
+    return whole[c - 1] if whole else held_inside_bound(nodes, c, runtime, granule)
 
 
-def run_need(nodes: Sequence[Node], c: int, runtime: str, in_bytes: int, granule: int = 1,
+def run_peak(nodes: Sequence[Node], c: int, runtime: str, in_bytes: int, granule: int = 1,
              measured: RunMemory | None = None) -> int:
     """The most a run of ``nodes`` at c samples needs while it runs: ``in_bytes`` (its input as
     its chain counts it), what it holds inside, and its output (the walk allocates it before
     the call)."""
-    return (in_bytes + run_inner(nodes, c, runtime, granule, measured)
+    return (in_bytes + held_inside(nodes, c, runtime, granule, measured)
             + allocation(nodes[-1].out_bytes * c, granule))  # type: ignore[union-attr]
 
 

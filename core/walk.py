@@ -35,8 +35,8 @@ from core.errors import InvalidProgramError
 from core.runtimes import TORCH
 from core.sizes import allocation
 from core.program import Step
-from core.runs import RunMemory, TreeIndex, figures, run_inner, run_runtime, \
-    step_runtime
+from core.runs import RunMemory, TreeIndex, held_inside, run_runtime, step_runtime, \
+    unit_figures
 from core.tree import Layer, Node, Parallel, Series, fold_order
 
 H = TypeVar("H")  # a back end's handle on a buffer: a tensor, or a byte count
@@ -366,7 +366,7 @@ class MemoryAccount:
     Every allocation is counted as the allocator rounds it (``granule``: 1 on CPU, 512 for
     CUDA's caching allocator); a unit's workspace at batch c is the one its step's runtime
     measured (beyond its rounded output), a run's what it holds inside its runtime
-    (``run_internal``). ``needs[k]`` is the most held while step k ran (from the end of step
+    (``held_inside``). ``needs[k]`` is the most held while step k ran (from the end of step
     k-1 to its own end: gathers, the run, folds and splits). ``inside=False`` leaves out what
     runtimes other than torch allocate inside their calls: what is left is exactly what the
     executor allocates itself (the tensors torch's profiler sees).
@@ -399,7 +399,7 @@ class MemoryAccount:
     def _ws(self, unit: Layer, samples: int, runtime: str) -> int:
         if runtime != TORCH and not self.inside:
             return 0
-        return figures(unit, runtime, samples)[1]
+        return unit_figures(unit, runtime, samples)[1]
 
     def run(self, unit: Layer, x: int, samples: int, runtime: str = TORCH) -> int:
         out = allocation(unit.out_bytes * samples, self.granule)
@@ -407,7 +407,8 @@ class MemoryAccount:
         return self._alloc(unit.out_bytes * samples)
 
     def run_many(self, nodes: tuple[Node, ...], x: int, samples: int, runtime: str) -> int:
-        inner = run_inner(nodes, samples, runtime, self.granule, self.measured) if self.inside else 0
+        inner = (held_inside(nodes, samples, runtime, self.granule, self.measured)
+                 if self.inside else 0)
         out = nodes[-1].out_bytes * samples  # type: ignore[union-attr]
         self._level(self.live + inner + allocation(out, self.granule))
         return self._alloc(out)

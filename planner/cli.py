@@ -22,7 +22,9 @@ from planner.settings import Settings
 log = logging.getLogger("vbs")
 
 
-def _positive(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An argparse ``type`` for a whole number >= 1 (a batch size, a count): the value, or an
+    error argparse shows as a usage error."""
     try:
         value = int(text)
     except ValueError:
@@ -143,11 +145,11 @@ def add_parser(sub: Any) -> None:
 
     p = sub.add_parser("profile", help="measure time and memory of every unit at every batch size")
     add_model_args(p)
-    p.add_argument("--batch-max", type=_positive, required=True, help="largest batch size to measure")
+    p.add_argument("--batch-max", type=positive_int, required=True, help="largest batch size to measure")
     add_runtime_arg(p)
     p.add_argument("--out", type=Path, help="write the profile JSON here (it is cached either way)")
     p.add_argument("--grid", action="store_true", help="measure a grid of batch sizes and interpolate")
-    p.add_argument("--repeats", type=_positive, help="timed runs per (unit, batch); default 5")
+    p.add_argument("--repeats", type=positive_int, help="timed runs per (unit, batch); default 5")
     p.add_argument("--no-cache", action="store_true", help="measure even if a cached profile exists")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_profile)

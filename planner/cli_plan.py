@@ -189,11 +189,11 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub: Any) -> None:
-    from planner.cli import _positive
+    from planner.cli import positive_int
 
     p = sub.add_parser("plan", help="profile (cached), solve and publish plan tables")
     _common(p)
-    p.add_argument("--batch-max", type=_positive, help="largest request size (default: VBS_BATCH_MAX)")
+    p.add_argument("--batch-max", type=positive_int, help="largest request size (default: VBS_BATCH_MAX)")
     p.add_argument("--grid", action="store_true",
                    help="profile a grid of batch sizes and interpolate (default: VBS_PROFILE_GRID)")
     p.add_argument("--replan", action="store_true", help="solve again even if the store has the table")
@@ -204,11 +204,11 @@ def add_parser(sub: Any) -> None:
     _common(p)
     p.add_argument("--memory",
                    help="budget: bytes or 30MB, 1.5GiB; or a sweep: 10MB:60MB:10MB, a list, auto[:N]")
-    p.add_argument("--batch", type=_positive,
+    p.add_argument("--batch", type=positive_int,
                    help="request size (with --html: the only one in the file; default all)")
     p.add_argument("--html", type=Path, metavar="FILE",
                    help="write the plan pictures (the service's /ui page, every budget) to FILE")
     p.add_argument("--profile", type=Path, metavar="FILE",
                    help="a vbs.profile/1 JSON to take the tables from, instead of --model")
-    p.add_argument("--batch-max", type=_positive, help="largest request size of the table")
+    p.add_argument("--batch-max", type=positive_int, help="largest request size of the table")
     p.set_defaults(func=cmd_show)

@@ -21,7 +21,7 @@ import json
 import sys
 from typing import Any
 
-from planner.cli import _positive
+from planner.cli import positive_int
 from core.errors import InfeasibleError, UsageError, VbsError
 from core.sizes import check_slot_bytes, format_bytes, parse_bytes
 from planner.solver.model import OBJECTIVES, build_instance
@@ -38,7 +38,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--profile", required=True, help="a vbs.profile/1 JSON file")
     p.add_argument("--memory", required=True,
                    help="memory budget: bytes or a size such as 30MB, 1.5GB, 512KiB, 2GiB")
-    p.add_argument("--batch", required=True, type=_positive, help="request size r (1..batch_max)")
+    p.add_argument("--batch", required=True, type=positive_int, help="request size r (1..batch_max)")
     p.add_argument("--slot-bytes", default=None,
                    help="memory slot size (default: 1/512 of the all-at-batch_max plan's need)")
     p.add_argument("--solver", choices=SOLVERS, default="vbs", help="default: vbs")

@@ -1,4 +1,5 @@
-"""Load the model to plan: a torchvision name, the built-in ``c3d``, or ``pkg.module:factory``.
+"""Load the model to plan: built by its family (``planner.families``: a torchvision name, the
+built-in ``c3d``, or ``pkg.module:factory``), its weights loaded, on its device and dtype.
 
 Models are built with random weights (no hub downloads); a weights file is a state_dict read
 with ``torch.load(..., weights_only=True)``. Every failure is a ModelError that says what
@@ -7,22 +8,16 @@ was wrong and what to do.
 
 from __future__ import annotations
 
-import difflib
-import importlib
 import os
-import warnings
 from pathlib import Path
 
 import torch
-import torchvision
 from torch import nn
 
-from planner.c3d import c3d
 from core.cuda_allocator import split_exactly
 from core.errors import ModelError, UsageError
 from core.loaded import DTYPES, LoadedModel, ModelSpec
-
-VIDEO_SHAPE = (3, 16, 112, 112)
+from planner.families import family_of
 
 ONEDNN_CACHE = 8192  # primitives: every unit's kernels at every batch size of a profile
 
@@ -41,60 +36,11 @@ def apply_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def torchvision_names() -> tuple[list[str], list[str]]:
-    """(classification, video) model names that torchvision builds."""
-    classification = torchvision.models.list_models(module=torchvision.models)
-    video = torchvision.models.list_models(module=torchvision.models.video)
-    return classification, video
-
-
-def default_input_shape(name: str) -> tuple[int, ...]:
-    """The input a model was designed for: its weights' crop size, 16x112x112 for video."""
-    if name == "c3d":
-        return VIDEO_SHAPE
-    classification, video = torchvision_names()
-    if name in video:
-        return VIDEO_SHAPE
-    try:
-        transforms = torchvision.models.get_model_weights(name).DEFAULT.transforms()
-        crop = transforms.crop_size
-        size = int(crop[0] if isinstance(crop, (list, tuple)) else crop)
-        return (3, size, size)
-    except Exception:  # noqa: BLE001 - no weights metadata: the ImageNet default
-        return (3, 224, 224)
-
-
 def _build(name: str) -> nn.Module:
-    if name == "c3d":
-        return c3d()
-    if ":" in name:
-        module_name, _, attr = name.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ModelError(f"cannot import {name!r}: {exc}; give 'package.module:factory' where "
-                             "the factory returns an nn.Module") from exc
-        try:
-            model = factory()
-        except Exception as exc:
-            raise ModelError(f"the factory {name!r} raised {type(exc).__name__}: {exc}") from exc
-        if not isinstance(model, nn.Module):
-            raise ModelError(f"the factory {name!r} returned {type(model).__name__}, not an nn.Module")
-        return model
-    classification, video = torchvision_names()
-    if name not in classification and name not in video:
-        close = difflib.get_close_matches(name, [*classification, *video, "c3d"], n=3)
-        hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise ModelError(f"unknown model {name!r}{hint}: use a torchvision classification or video "
-                         "model name such as resnet50 or r3d_18, 'c3d', or 'package.module:factory'")
-    try:
-        with warnings.catch_warnings():
-            # GoogLeNet/Inception warn that their random init will change: not our concern.
-            warnings.filterwarnings("ignore", message="The default weight initialization",
-                                    category=FutureWarning)
-            return torchvision.models.get_model(name, weights=None)
-    except Exception as exc:
-        raise ModelError(f"torchvision could not build {name!r}: {exc}") from exc
+    model = family_of(name).build(name)
+    if not isinstance(model, nn.Module):
+        raise ModelError(f"{name!r} was built as a {type(model).__name__}, not an nn.Module")
+    return model
 
 
 def _load_weights(model: nn.Module, path: Path) -> None:
@@ -125,8 +71,8 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     model = _build(spec.name)
     if spec.weights is not None:
         _load_weights(model, spec.weights)
-    shape = spec.input_shape or getattr(model, "input_shape", None) or (
-        (3, 224, 224) if ":" in spec.name else default_input_shape(spec.name))
+    shape = spec.input_shape or getattr(model, "input_shape", None) or \
+        family_of(spec.name).input_shape(spec.name)
     dtype = DTYPES[spec.dtype]
     if spec.device == "cuda":
         split_exactly()  # before the weights' first allocation: torch allocates what the walk counts

@@ -1,279 +1,57 @@
-"""Admission at the edge under a memory limit: what requests hold counts as the plans do.
+"""Admission's HTTP edge: a request's hold estimated from its Content-Length, and a line.
 
-Why: inside a cgroup limit the kernel kills the whole process when the group's working set
-reaches the limit, and every request waiting in the queue holds its body and decoded input
-before any plan runs. So, when a limit applies (``workers.cgroup``), the memory under it is
-kept as a ledger:
-
-    limit = idle working set + what admitted requests hold + GROWTH x live leases + margin
-
-The idle working set is read whenever nothing is held or leased (weights, runtimes, caches:
-what stays), after giving the allocator's free pages back (``malloc_trim``); blocks of 1 MiB
-and more (bodies, samples) are mapped alone and given back when freed (``mallopt``), or the
-allocator's per-thread heaps would keep them and the idle use would grow through a burst until
-no plan fits. A request is admitted before its body is read, on its Content-Length: its
-estimated hold (``HOLD_FACTORS``) and the plans' working bytes (what a full batch needs to run
-near its best speed, or as much of it as the limit leaves beside this request, at least a
-one-sample plan) must fit in the ledger, and what is not in the group yet (bodies unread, plans
-not allocated) in the group's headroom read now: a request decoded early gains nothing, while
-the batch it starves runs one sample at a time. One that does not fit waits in line (FIFO, its
-body unread, so holding nothing) up to ``wait_s`` (`VBS_ADMIT_WAIT_S`; by default its whole
-request timeout, which the wait counts toward), then gets 503 with Retry-After; one that would
-not fit even in an idle server gets 413 naming the limit at once. Plans may use what the
-ledger leaves, less a reserve for requests arriving meanwhile (never below their working
-bytes), and never more than the group's headroom read now (``plan_free``, the memory probe's
-source); a batch for which that is less than a one-sample plan waits for memory (``ceiling``),
-it never starts. Without a limit nothing is refused here: the probe reads MemAvailable as
-before.
+Under a cgroup memory limit what requests hold counts as the plans do; the device's memory
+owner (``workers.device_memory``) keeps that ledger and answers whether a request may in now.
+This is what HTTP and gRPC add: the hold a body will come to before it is read
+(``HOLD_FACTORS``), and one line of the requests that do not fit now (FIFO, their bodies
+unread, so holding nothing), each waiting up to ``wait_s`` (`VBS_ADMIT_WAIT_S`; by default its
+whole request timeout, which the wait counts toward), then 503 with Retry-After; one that
+would not fit even in an idle server gets 413 naming the limit at once. Without a limit
+nothing is refused here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import ctypes
-import ctypes.util
-import logging
-import threading
-import time
-import weakref
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
 
+from core.errors import RequestTooLargeError
 from service.errors import PayloadTooLargeError, UnavailableError
-from workers.cgroup import CgroupMemory, read_cgroup
-
-log = logging.getLogger("vbs.service.admission")
+from workers.device_memory import DeviceMemory
+from workers.ledger import Ticket
 
 # bytes held per byte of body until the request is decoded: the body itself plus its decoded
 # samples (binary: a view or one copy; JSON: Python floats while parsed, about 32 bytes per
 # number of some 10 characters, then the array; images: decompressed pixels)
 HOLD_FACTORS = {"binary": 3.0, "json": 5.0, "image": 12.0}
-RESERVE_SHARE = 8       # plans leave 1/RESERVE_SHARE of the memory for requests arriving meanwhile
-MIN_MARGIN = 16 * 2**20  # kept back under a limit for Python, the HTTP stack and answers
-MARGIN_SHARE = 32        # ... or 1/MARGIN_SHARE of the limit, whichever is more
-REBASE_S = 0.5           # the idle working set is read at most this often
-# a plan's first runs grow the group by up to this times its bytes (ONNX Runtime's arena and
-# the allocator round and keep what they were asked for, its sessions are made): a lease
-# counts this many times against the limit (docs/operations.md, "Sizing a memory limit")
-GROWTH = 2.0
-POLL_S = 0.005           # the first in line re-reads the group this often
+POLL_S = 0.005           # the first in line asks again this often
 
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-MMAP_THRESHOLD = 1 << 20  # larger blocks are mapped alone, and unmapped when freed
+def estimate_hold(content_length: int, kind: str) -> int:
+    """What a body of ``content_length`` bytes of ``kind`` (binary, json, image) holds until
+    it is decoded (``HOLD_FACTORS``)."""
+    return int(content_length * HOLD_FACTORS.get(kind, HOLD_FACTORS["json"]))
 
 
-def _map_large_blocks() -> None:
-    """glibc's malloc maps blocks of at least ``MMAP_THRESHOLD`` bytes alone, and gives them
-    back when freed (no-op elsewhere). By default the threshold rises to the largest block
-    freed (up to 32 MiB), so request bodies and decoded samples end up in the heaps of its
-    per-thread arenas, which keep them after they are freed: memory no request holds, that the
-    limit's ledger sees only as use."""
-    name = ctypes.util.find_library("c")
-    try:
-        mallopt = ctypes.CDLL(name).mallopt if name else None
-    except (OSError, AttributeError):
-        mallopt = None
-    if mallopt is not None:
-        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+class AdmissionLine:
+    """The line of requests waiting for room on one device (see the module doc)."""
 
-
-def _trimmer() -> Callable[[], None]:
-    """glibc's malloc_trim(0): free pages the allocator keeps go back to the kernel (no-op
-    elsewhere)."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        trim = libc.malloc_trim if libc is not None else None
-    except (OSError, AttributeError):
-        trim = None
-    if trim is None:
-        return lambda: None
-    return lambda: trim(0) and None
-
-
-@dataclass(frozen=True)
-class Ticket:
-    """One admitted request's place in the ledger."""
-
-    token: int
-    model: str | None
-    waited_s: float = 0.0  # in line for memory: it counts toward the request's timeout
-
-
-@dataclass(frozen=True)
-class Ledger:
-    """The memory under the limit as the ledger sees it now (for ``GET /models``)."""
-
-    limit_bytes: int | None          # the tightest cgroup limit on this process's path
-    limit_group: str | None          # the group that sets it
-    cgroup_version: int | None
-    working_set_bytes: int | None    # that group's working set now (usage - inactive files)
-    idle_working_set_bytes: int | None  # when nothing was held or leased
-    margin_bytes: int
-    held_bytes: int                  # what admitted requests hold (estimated until decoded)
-    requests: int                    # admitted, not yet answered
-    leased_bytes: int                # live plan leases
-    plans_may_use_bytes: int | None  # what the plans may use now (the probe's source)
-    admitted: int
-    refused_busy: int                # 503: would fit an idle server, not now
-    refused_too_large: int           # 413: would not fit even an idle server
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-class Admission:
-    """The ledger of one CPU device under a cgroup memory limit (see the module doc).
-
-    ``leased`` reads the arbiter's live leases; ``need`` the bytes of a one-sample plan of a
-    model (None: the largest of the models served); ``want`` the bytes at which its batches
-    run at working speed (``workers.shares.working_bytes``; default ``need``): requests are
-    admitted only while that much is left for the plans (as far as the limit allows), since a
-    request decoded early gains nothing while it starves the batch that runs to one-sample
-    plans; ``margin`` the configured margin (0: the default under a limit, ``MIN_MARGIN`` or
-    1/``MARGIN_SHARE`` of the limit).
-    """
-
-    def __init__(self, leased: Callable[[], int], need: Callable[[str | None], int], *,
-                 want: Callable[[str | None], int] | None = None,
-                 margin: int = 0, wait_s: float,
-                 read: Callable[[], CgroupMemory | None] = read_cgroup,
-                 trim: Callable[[], None] | None = None) -> None:
-        self._leased = leased
-        self._need = need
-        self._want = want or need
-        self._read = read
-        self._trim = trim if trim is not None else _trimmer()
-        self._margin_setting = margin
-        self._lock = threading.Lock()
-        self._held: dict[int, int] = {}     # ticket -> bytes it holds (estimated until decoded)
-        self._held_total = 0
-        self._unread: dict[int, int] = {}   # ticket -> its estimate, until read and decoded
-        self._unread_total = 0
-        self._refs: dict[int, int] = {}     # ticket -> holders (the request, its samples)
-        self._line: collections.deque[asyncio.Future[None]] = collections.deque()
+    def __init__(self, memory: DeviceMemory, wait_s: float) -> None:
+        self.memory = memory
         self.wait_s = wait_s
-        self._next = 0
-        self._idle: int | None = None
-        self._rebased = 0.0
-        self._admitted = self._busy = self._too_large = 0
-        first = read()
-        self.active = first is not None and first.limit is not None
-        if self.active and trim is None:  # the process's own allocator (tests pass their own)
-            _map_large_blocks()
-        if self.active and first is not None:
-            self._idle = first.working_set  # read again once the models are loaded (rebase)
+        self._line: collections.deque[asyncio.Future[None]] = collections.deque()
 
-    # ------------------------------------------------------------------ readings
-
-    def _reading(self) -> CgroupMemory | None:
-        reading = self._read()
-        return reading if reading is not None and reading.limit is not None else None
-
-    def margin(self, limit: int) -> int:
-        return self._margin_setting or max(MIN_MARGIN, limit // MARGIN_SHARE)
-
-    def rebase(self, force: bool = True) -> None:
-        """Read the idle working set when nothing is held or leased (caller holds no lock)."""
-        if not self.active:
-            return
-        now = time.monotonic()
-        if not force and now - self._rebased < REBASE_S and self._idle is not None:
-            return
-        with self._lock:
-            if self._held_total or self._leased():
-                return
-        self._trim()
-        reading = self._reading()
-        with self._lock:
-            if reading is None or self._held_total or self._leased():
-                return
-            self._idle, self._rebased = reading.working_set, now
-
-    def _capacity(self, reading: CgroupMemory) -> int:
-        """Bytes under the limit for requests and plans together (idle use and margin out)."""
-        if self._idle is None:
-            self._idle = reading.working_set  # the first reading: at start, nothing held yet
-        assert reading.limit is not None
-        return reading.limit - self._idle - self.margin(reading.limit)
-
-    # ------------------------------------------------------------------ plans
-
-    def plan_free(self) -> int:
-        """What plans may use now: the ledger's room less the reserve for arriving requests,
-        never more than the group's headroom read now (the margin kept out of both)."""
-        reading = self._reading()
-        if reading is None:
-            from workers.memory import cpu_free
-            return cpu_free()
-        assert reading.limit is not None and reading.free is not None
-        with self._lock:
-            capacity = self._capacity(reading)
-            room = capacity - self._held_total
-            unread = self._unread_total
-        want = max(self._need(None), self._want(None))
-        # requests arriving meanwhile get a reserve, but not below the plans' working bytes
-        reserve = max(0, min(capacity // RESERVE_SHARE, room - int(GROWTH * want)))
-        # the group now, less the bodies still coming in and a quarter of the margin for what
-        # else is in flight (the ledger keeps all of it); the arbiter adds its live leases
-        headroom = reading.free - unread - self.margin(reading.limit) // 4
-        return max(0, int(min(room - reserve, headroom) / GROWTH))
-
-    def ceiling(self) -> int:
-        """The most plans could get with nothing held: a one-sample plan larger than this
-        can never run (InfeasibleError at once); one that fits waits for memory."""
-        reading = self._reading()
-        if reading is None:
-            from workers.memory import cpu_free
-            return cpu_free()
-        with self._lock:
-            return max(0, int(self._capacity(reading) / GROWTH))
-
-    # ------------------------------------------------------------------ requests
+    @property
+    def active(self) -> bool:
+        """Whether requests are admitted against the memory limit's ledger."""
+        return self.memory.counts_requests
 
     def _try(self, model: str | None, hold: int, what: str) -> Ticket | None:
-        """A place now, None when there is no room now (413 when there never is)."""
-        reading = self._reading()
-        if reading is None:
-            return Ticket(0, model)  # the limit was lifted meanwhile: nothing to count
-        assert reading.limit is not None and reading.free is not None
-        need = self._need(model)
-        margin = self.margin(reading.limit)
-        with self._lock:
-            capacity = self._capacity(reading)
-            need_grown = int(GROWTH * need)
-            if hold + need_grown > capacity:
-                self._too_large += 1
-                raise PayloadTooLargeError(
-                    f"body: {what} would hold about {hold} bytes and a one-sample plan of "
-                    f"{model or 'the model'} needs {need} ({need_grown} as the group grows "
-                    f"when it runs): {hold + need_grown} in all, more than the "
-                    f"{max(0, capacity)} bytes the memory limit leaves ({reading.limit} bytes on "
-                    f"cgroup {(reading.bound.path if reading.bound else reading.group)}, "
-                    f"{self._idle} in use when idle, {margin} margin); send fewer samples per "
-                    "request, or raise the memory limit")
-            leased = self._leased()
-            # what the plans keep beside it: their working bytes, or as much of them as this
-            # request alone leaves under the limit (at least a one-sample plan)
-            want = max(need, min(self._want(model), int((capacity - hold) / GROWTH)))
-            plans = int(GROWTH * max(leased, want))
-            # the ledger: what is held and leased, and this one, within the limit
-            if self._held_total + hold + plans > capacity:
-                return None
-            # and the group as the kernel counts it now: what is not in it yet (bodies not
-            # read, plans not allocated, a plan to run them) must fit in its headroom
-            if self._unread_total + hold + plans > reading.free - margin:
-                return None
-            self._next += 1
-            self._held[self._next] = hold
-            self._unread[self._next] = hold
-            self._held_total += hold
-            self._unread_total += hold
-            self._admitted += 1
-            return Ticket(self._next, model)
+        try:
+            return self.memory.admit(model, hold, what)
+        except RequestTooLargeError as exc:
+            raise PayloadTooLargeError(str(exc)) from exc
 
     async def admit(self, model: str | None, hold: int, what: str = "request"
                     ) -> Ticket | None:
@@ -309,84 +87,10 @@ class Admission:
             self._line.remove(turn)
             if self._line and not self._line[0].done():
                 self._line[0].set_result(None)  # the next in line tries
-        with self._lock:
-            self._busy += 1
-            held, requests = self._held_total, len(self._held)
+        holding = self.memory.refused()
         raise UnavailableError(
-            f"memory: {held} bytes held by {requests} requests and {self._leased()} by running "
-            f"plans leave no room for this one (about {hold} bytes) under the memory limit; "
-            f"waited {self.wait_s:g} s; retry shortly", retry_after=1)
-
-    def resize(self, ticket: Ticket | None, hold: int) -> None:
-        """The request has been read and decoded and holds ``hold`` bytes (or what it was
-        admitted for, if more: the pieces its body came in are freed, but the allocator keeps
-        them for the next bodies) in the group as the kernel counts it: no longer unread."""
-        if ticket is None:
-            return
-        with self._lock:
-            old = self._held.get(ticket.token)
-            if old is None:
-                return
-            hold = max(old, hold)
-            self._held[ticket.token] = hold
-            self._held_total += hold - old
-            self._unread_total -= self._unread.pop(ticket.token, 0)
-
-    def keep(self, ticket: Ticket | None, data: object) -> None:
-        """What the request holds lives as long as ``data`` (its samples, which its batch
-        keeps after a timeout answered it) too: released when both it and the request are
-        done."""
-        if ticket is None or not ticket.token:
-            return
-        with self._lock:
-            if ticket.token not in self._held:
-                return
-            self._refs[ticket.token] = self._refs.get(ticket.token, 1) + 1
-        weakref.finalize(data, self.release, ticket)
-
-    def release(self, ticket: Ticket | None) -> None:
-        """The request has been answered (or refused), or its samples are gone: what it held
-        is free again once both are (``keep``)."""
-        if ticket is None:
-            return
-        with self._lock:
-            refs = self._refs.pop(ticket.token, 1) - 1
-            if refs > 0:
-                self._refs[ticket.token] = refs
-                return
-            hold = self._held.pop(ticket.token, None)
-            if hold is None:
-                return
-            self._held_total -= hold
-            self._unread_total -= self._unread.pop(ticket.token, 0)
-            idle = not self._held_total
-        if idle:
-            self.rebase(force=False)
-
-    # ------------------------------------------------------------------ report
-
-    def ledger(self) -> Ledger:
-        reading = self._reading() if self.active else self._read()
-        bound = reading.bound if reading is not None else None
-        limit = reading.limit if reading is not None else None
-        with self._lock:
-            held, requests = self._held_total, len(self._held)
-        return Ledger(
-            limit_bytes=limit, limit_group=bound.path if bound is not None else None,
-            cgroup_version=reading.version if reading is not None else None,
-            working_set_bytes=reading.working_set if reading is not None else None,
-            idle_working_set_bytes=self._idle if limit is not None else None,
-            margin_bytes=self.margin(limit) if limit is not None else self._margin_setting,
-            held_bytes=held, requests=requests, leased_bytes=int(self._leased()),
-            plans_may_use_bytes=self.plan_free() if limit is not None else None,
-            admitted=self._admitted, refused_busy=self._busy,
-            refused_too_large=self._too_large)
+            f"memory: {holding} leave no room for this one (about {hold} bytes) under the "
+            f"memory limit; waited {self.wait_s:g} s; retry shortly", retry_after=1)
 
 
-def estimate_hold(content_length: int, kind: str) -> int:
-    """What a body of ``content_length`` bytes of ``kind`` (binary, json, image) holds until
-    it is decoded (``HOLD_FACTORS``)."""
-    return int(content_length * HOLD_FACTORS.get(kind, HOLD_FACTORS["json"]))
-
-
-__all__ = ["Admission", "HOLD_FACTORS", "Ledger", "Ticket", "estimate_hold"]
+__all__ = ["AdmissionLine", "HOLD_FACTORS", "estimate_hold"]

@@ -10,11 +10,11 @@ requests that come while a batch runs are gathered, up to the table's largest re
 batch's clients when the table says one merged batch saves more than the wait costs
 (off by default: docs/operations.md, "Batching").
 
-Torch never runs on the event loop: on the model's thread, every request is copied into one
-reusable batch buffer (pinned on CUDA, so the batch moves in one transfer), the worker runs
-it, and each request's rows are encoded there; the loop is woken once to answer them all. The
-timings each answer carries are Triton's perf_analyzer breakdown (``Timing``). Closing
-drains: requests already accepted are run and answered, new ones get 503.
+Torch never runs on the event loop: a batch goes to the model's thread, where its stage
+(``service.batch_stage``: the batch buffer, the device, the encoders) runs it; the loop is
+woken once to answer every request of it. How many samples a batch gathers and how long it
+may wait is the gather policy's (``service.gather``). Closing drains: requests already
+accepted are run and answered, new ones get 503.
 """
 
 from __future__ import annotations
@@ -29,45 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from core.errors import InfeasibleError
-from service.errors import RequestTimeoutError, UnavailableError, field_error
+from service.batch_stage import BatchStage, Done, Encoder, Outcome
+from service.errors import RequestTimeoutError, UnavailableError
+from service.gather import GatherPolicy
 from service.metrics import Metrics
-from workers.worker import RunInfo, Worker
+from workers.worker import Worker
 
 log = logging.getLogger("vbs.service.batcher")
-
-Encoder = Callable[[np.ndarray], Any]  # a request's rows of the output -> its encoded outputs
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Where one request's time went on the server (seconds)."""
-
-    queue_s: float    # from submit to the start of its batch
-    input_s: float    # decoding it (before submit) and copying it into the batch buffer
-    infer_s: float    # the plan's run on the batch
-    output_s: float   # the batch output to the host, and encoding its own rows
-    run_s: float      # the batch on the worker thread, from its first copy to its last encoding
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one request got: its outputs and how its batch ran."""
-
-    y: np.ndarray          # (n, *output_shape) float32: this request's rows (a view of the batch's)
-    encoded: Any           # what its encoder made of ``y`` (None without an encoder)
-    info: RunInfo          # the plans that ran the batch
-    batch_samples: int     # samples in the batch it ran in
-    timing: Timing
-    table_version: int | None
-
-    @property
-    def queue_s(self) -> float:
-        return self.timing.queue_s
-
-    @property
-    def run_s(self) -> float:
-        return self.timing.run_s
 
 
 @dataclass(eq=False)
@@ -85,26 +53,7 @@ class _Pending:
         return int(self.x.shape[0])
 
 
-@dataclass(frozen=True)
-class _Done:
-    """A batch's results, handed from the worker thread back to the loop."""
-
-    # per request: its rows, their encoding (or the error encoding them), copy s, encode s
-    rows: list[tuple[np.ndarray, Any, float, float]]
-    info: RunInfo
-    infer_s: float
-    transfer_s: float  # the batch to the device and its output back: shared by its requests
-    run_s: float
-    samples: int       # in the batch
-
-
 _STOP = object()
-
-# The least saving, as a share of the merged batch's time, worth waiting for: a wait idles the
-# model and spreads its clients' arrivals: a small promised saving is not worth it (on a
-# 2-core CPU, waiting for 3% split resnet50's batches into pieces of 1 to 6 samples).
-MIN_SAVING = 0.1
-
 
 class _Expired(Exception):
     """A request's timeout went off (``Batcher.submit`` answers it with 504)."""
@@ -115,6 +64,52 @@ def _expire(future: asyncio.Future[Any]) -> None:
         future.set_exception(_Expired())
 
 
+class _Queue:
+    """The one queue of a model's requests, with what the rest of the service reads of it:
+    how many wait, their samples (demand, for the memory owner), and the request carried over
+    to the next batch (it did not fit this one, or came while a batch ran)."""
+
+    def __init__(self, depth: Any) -> None:
+        self.items: asyncio.Queue[object] = asyncio.Queue()
+        self.carry: _Pending | None = None
+        self.waiting = 0   # requests queued (including the carried one), not yet run
+        self.samples = 0   # their samples
+        self._depth = depth  # the queue-depth gauge
+
+    def put(self, item: _Pending) -> None:
+        self.waiting += 1
+        self.samples += item.n
+        self._depth.set(self.waiting)
+        self.items.put_nowait(item)
+
+    def uncount(self, item: _Pending) -> None:
+        """Count ``item`` out of ``waiting``, once (taken for a batch, or given up on)."""
+        if item.counted:
+            item.counted = False
+            self.waiting -= 1
+            self.samples -= item.n
+            self._depth.set(self.waiting)
+
+    def taken(self, item: _Pending) -> bool:
+        """Count ``item`` out of the queue; False when its request has gone (timed out)."""
+        self.uncount(item)
+        return not item.future.done()
+
+    def drain(self) -> list[_Pending]:
+        """Every request still waiting, taken out (closing)."""
+        pending = [self.carry] if self.carry is not None else []
+        self.carry = None
+        while True:
+            try:
+                item = self.items.get_nowait()
+            except asyncio.QueueEmpty:
+                break
+            if isinstance(item, _Pending):
+                pending.append(item)
+        self.waiting = self.samples = 0
+        return pending
+
+
 class Batcher:
     """Batches requests for one model's worker (see the module doc)."""
 
@@ -123,40 +118,41 @@ class Batcher:
                  follow_up: float = 0.0, timeout_s: float | None = None,
                  table_version: Callable[[], int | None] = lambda: None) -> None:
         self.name = name
-        self.worker = worker
+        self._worker = worker
         self.max_delay_s = max_delay_s
         self.timeout_s = timeout_s  # a request not answered by then gets 504
         self.max_queue = max_queue
-        self.latency_target_s = latency_target_s
-        self.follow_up = follow_up
-        self._last = (0, 0.0)       # the last batch: samples, perf_counter() when it was answered
-        self._since_last = 0        # samples submitted since then (its clients coming back)
-        self._times: tuple[float, ...] = ()  # predicted seconds per request size (see _outlook)
+        self.policy = GatherPolicy(worker, latency_target_s, follow_up)
+        self.stage = BatchStage(worker)
         self.metrics = metrics
         self._m = metrics.for_model(name)
         self._table_version = table_version
-        self._queue: asyncio.Queue[object] = asyncio.Queue()
-        self._carry: _Pending | None = None
-        self._waiting = 0           # requests queued (including the carried one), not yet run
-        self._queued_samples = 0    # their samples (demand, for the memory arbiter)
+        self.queue = _Queue(self._m.queue_depth)
         self._running_samples = 0   # samples of the batch on the worker now
         self._closing = False
         self._task: asyncio.Task[None] | None = None
         self._executor = executor  # its owner shuts it down
-        self._buffer: Any = None    # the batch buffer (a torch tensor) and its numpy view
-        self.gather_limit = worker.batch_max
         self._inflight: list[_Pending] = []  # the batch on the worker now
         self._idle = asyncio.Event()  # set while none is (awaited by the loop and by closing)
         self._idle.set()
+
+    @property
+    def worker(self) -> Worker:
+        return self._worker
+
+    @worker.setter
+    def worker(self, worker: Worker) -> None:
+        """Another worker from the next batch on (its stage and gather policy too)."""
+        self._worker = self.stage.worker = self.policy.worker = worker
 
     # ------------------------------------------------------------------ life cycle
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self.gather_limit, self._times = await loop.run_in_executor(self._executor, self._outlook)
+        self.policy.take(await loop.run_in_executor(self._executor, self.policy.outlook))
         # the batch buffer now, not at the first batch: under a memory limit it is part of
-        # what stays (service.admission reads that when the model is ready)
-        await loop.run_in_executor(self._executor, self._batch_buffer, self.worker.batch_max)
+        # what stays (the device's memory owner reads that when the model is ready)
+        await loop.run_in_executor(self._executor, self.stage.host, self.worker.batch_max)
         self._task = asyncio.create_task(self._loop(), name=f"vbs-batcher-{self.name}")
 
     async def close(self, timeout_s: float | None = None) -> None:
@@ -165,12 +161,12 @@ class Batcher:
             return
         self._closing = True
         if self._task is not None:
-            self._queue.put_nowait(_STOP)
+            self.queue.items.put_nowait(_STOP)
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
             except asyncio.TimeoutError:
                 log.warning("%s: %d requests still waiting after %.1f s of draining; cancelling",
-                            self.name, self._waiting, timeout_s or 0)
+                            self.name, self.queue.waiting, timeout_s or 0)
                 self._task.cancel()
                 await asyncio.gather(self._task, return_exceptions=True)
                 self._fail_waiting(UnavailableError(f"model {self.name} is shutting down"))
@@ -182,12 +178,12 @@ class Batcher:
 
     @property
     def waiting(self) -> int:
-        return self._waiting
+        return self.queue.waiting
 
     def demand(self) -> int:
         """Samples queued and running: what the memory arbiter divides memory by (read from
         the torch threads; plain ints)."""
-        return self._queued_samples + self._running_samples
+        return self.queue.samples + self._running_samples
 
     @property
     def closing(self) -> bool:
@@ -211,23 +207,21 @@ class Batcher:
             self.metrics.rejected.labels(self.name, "closing").inc()
             raise UnavailableError(f"model {self.name} is shutting down: retry on another "
                                    "replica", retry_after=1)
-        if self._waiting >= self.max_queue:
+        if self.queue.waiting >= self.max_queue:
             self.metrics.rejected.labels(self.name, "queue_full").inc()
-            raise UnavailableError(f"model {self.name}: {self._waiting} requests are waiting, "
+            raise UnavailableError(f"model {self.name}: {self.queue.waiting} requests are waiting, "
                                    f"the most the queue holds (max_queue); retry shortly",
                                    retry_after=1)
         loop = asyncio.get_running_loop()
         pending = _Pending(x, loop.create_future(), time.perf_counter(), decode_s, encode, field)
-        self._since_last += pending.n
-        if (not self.running and self._carry is None and self._queue.empty()
-                and self.max_delay_s <= 0 and self.follow_up <= 0 and self._task is not None):
+        self.policy.since_last += pending.n
+        if (not self.running and self.queue.carry is None and self.queue.items.empty()
+                and self.max_delay_s <= 0 and self.policy.follow_up <= 0
+                and self._task is not None):
             pending.counted = False  # the model is idle and nothing waits: it runs now
             self._dispatch([pending])
         else:
-            self._waiting += 1
-            self._queued_samples += pending.n
-            self._m.queue_depth.set(self._waiting)
-            self._queue.put_nowait(pending)
+            self.queue.put(pending)
         # the timeout as one timer on the request's own future (asyncio.wait_for would wrap
         # this coroutine in a task of its own: a loop turn more for every answer)
         timer = (loop.call_later(max(0.0, self.timeout_s - waited_s), _expire, pending.future)
@@ -235,7 +229,7 @@ class Batcher:
         try:
             return await pending.future
         except _Expired:
-            self._uncount(pending)
+            self.queue.uncount(pending)
             self.metrics.rejected.labels(self.name, "timeout").inc()
             raise RequestTimeoutError(
                 f"model {self.name}: no answer within {self.timeout_s:g} s (request_timeout_s"
@@ -243,7 +237,7 @@ class Batcher:
                 "the service is busy or the request is large; retry, or send fewer samples"
             ) from None
         except asyncio.CancelledError:  # the client went: no ghost in the count
-            self._uncount(pending)
+            self.queue.uncount(pending)
             raise
         finally:
             if timer is not None:
@@ -254,7 +248,7 @@ class Batcher:
     async def _loop(self) -> None:
         stopping = False
         try:
-            while not (stopping and self._carry is None):
+            while not (stopping and self.queue.carry is None):
                 batch, stop = await self._gather(stopping)
                 stopping = stopping or stop
                 if batch:
@@ -266,87 +260,58 @@ class Batcher:
                 p.future.cancel()
             raise
 
-    def _uncount(self, item: _Pending) -> None:
-        """Count ``item`` out of ``waiting``, once (taken for a batch, or given up on)."""
-        if item.counted:
-            item.counted = False
-            self._waiting -= 1
-            self._queued_samples -= item.n
-            self._m.queue_depth.set(self._waiting)
-
-    def _taken(self, item: _Pending) -> bool:
-        """Count ``item`` out of the queue; False when its request has gone (timed out)."""
-        self._uncount(item)
-        return not item.future.done()
-
     async def _gather(self, stopping: bool) -> tuple[list[_Pending], bool]:
         """The next batch, and whether the stop mark was met."""
         loop = asyncio.get_running_loop()
         batch: list[_Pending] = []
-        if self._carry is not None:
-            first, self._carry = self._carry, None
-            if self._taken(first):
+        queue = self.queue
+        if queue.carry is not None:
+            first, queue.carry = queue.carry, None
+            if queue.taken(first):
                 batch.append(first)
         if stopping and not batch:
             return [], True
         while not batch:
-            item = await self._queue.get()
+            item = await queue.items.get()
             if item is _STOP:
                 return [], True
             assert isinstance(item, _Pending)
             if self.running:  # a batch ``submit`` started: gather once it has been answered
-                self._carry = item  # (carried meanwhile: still waiting, failed on a cancel)
+                queue.carry = item  # (carried meanwhile: still waiting, failed on a cancel)
                 await self._idle.wait()
-                self._carry = None
-            if self._taken(item):
+                queue.carry = None
+            if queue.taken(item):
                 batch.append(item)
-        limit = max(1, self.gather_limit)
+        limit = max(1, self.policy.limit)
         n = batch[0].n
         deadline = loop.time() + self.max_delay_s
         while n < limit:
             try:
-                item = self._queue.get_nowait()  # everything already waiting, at once
+                item = queue.items.get_nowait()  # everything already waiting, at once
             except asyncio.QueueEmpty:
                 if self.max_delay_s > 0:
                     remaining = deadline - loop.time()
                 else:
-                    remaining = self._follow_up_left(n, limit, batch[0].submitted)
+                    remaining = self.policy.wait_left(n, batch[0].submitted, self._closing)
                 if remaining <= 0:  # nothing to wait for (the default when idle): run it now
                     break
                 try:
-                    item = await asyncio.wait_for(self._queue.get(), remaining)
+                    item = await asyncio.wait_for(queue.items.get(), remaining)
                 except asyncio.TimeoutError:
                     break
             if item is _STOP:
                 return batch, True
             assert isinstance(item, _Pending)
             if item.future.done():
-                self._taken(item)
+                queue.taken(item)
                 continue
             if n + item.n > limit:
-                self._carry = item  # still counted as waiting
+                queue.carry = item  # still counted as waiting
                 break
-            self._taken(item)
+            queue.taken(item)
             batch.append(item)
             n += item.n
         return batch, False
-
-    def _follow_up_left(self, n: int, limit: int, first_submitted: float) -> float:
-        """Seconds the batch of ``n`` samples may still wait for the last batch's clients (see
-        "Waiting for the last batch's clients"); 0 or less: run it now. With a latency target,
-        never so long that the merged batch would end after its first request's target."""
-        last_samples, answered_at = self._last
-        k = min(last_samples - self._since_last, limit - n)
-        times = self._times
-        if k <= 0 or self.follow_up <= 0 or n + k >= len(times) or self._closing:
-            return 0.0  # (closing: nobody is let in to wait for)
-        saving = times[n] + times[k] - times[n + k]  # inf - inf is nan: not >, no wait
-        if not saving > MIN_SAVING * times[n + k]:
-            return 0.0
-        until = answered_at + self.follow_up * saving
-        if self.latency_target_s is not None:
-            until = min(until, first_submitted + self.latency_target_s - times[n + k])
-        return until - time.perf_counter()
 
     def _dispatch(self, batch: list[_Pending]) -> asyncio.Future[None]:
         """Hand ``batch`` to the model's thread; the future is done once it has been answered:
@@ -366,7 +331,7 @@ class Batcher:
         return answered
 
     def _answer(self, batch: list[_Pending], result: list[Outcome | Exception] | Exception,
-                answered: asyncio.Future[Any], done: _Done | None = None) -> None:
+                answered: asyncio.Future[Any], done: Done | None = None) -> None:
         """On the loop: every request of ``batch`` gets its outcome, or the batch's failure;
         the batch is counted in the metrics after that, once its handlers have answered."""
         self._inflight = []  # the next batch may start (from the loop, or from ``submit``)
@@ -385,49 +350,20 @@ class Batcher:
         if not answered.done():
             answered.set_result(None)
         if done is not None:
-            self._last, self._since_last = (done.samples, time.perf_counter()), 0
+            self.policy.answered(done.samples)
             # scheduled after the handlers' wake-ups: each writes its response first
-            asyncio.get_running_loop().call_soon(self._count, done, result)
-
-    def _count(self, done: _Done, result: list[Outcome | Exception]) -> None:
-        """The batch and its requests' breakdowns in the metrics."""
-        info = done.info
-        m = self._m
-        if not done.samples:  # every request of it was refused (values not finite): none ran
-            return
-        m.batch_size.observe(done.samples)
-        m.samples.inc(done.samples)
-        m.run_time.observe(done.run_s)
-        if info.oom_retries:
-            m.oom_retries.inc(info.oom_retries)
-        if info.splits:
-            m.splits.inc(info.splits)
-        for choice in info.choices:
-            m.choice_time.observe(choice.seconds)
-        if info.choices:
-            last = info.choices[-1]
-            m.free_memory.set(last.free_bytes)
-            m.plan_peak.set(last.peak_bytes)
-        for outcome in result:
-            if isinstance(outcome, Outcome):
-                m.observe_request(outcome.timing)
+            asyncio.get_running_loop().call_soon(self._m.observe_batch, done, result)
 
     # ------------------------------------------------------------------ the worker thread
 
     def _work(self, batch: list[_Pending], started: float, version: int | None,
               loop: asyncio.AbstractEventLoop, answered: asyncio.Future[Any]) -> None:
         """On the model's thread: run the batch and answer it on the loop."""
-        done: _Done | None = None
+        done: Done | None = None
         result: list[Outcome | Exception] | Exception
         try:
-            done = self._infer(batch)
-            result = [encoded if isinstance(encoded, Exception)  # only this request's failed
-                      else Outcome(y, encoded, done.info, done.samples,
-                                   Timing(queue_s=started - p.submitted,
-                                          input_s=p.decode_s + copy_s, infer_s=done.infer_s,
-                                          output_s=done.transfer_s + encode_s, run_s=done.run_s),
-                                   version)
-                      for p, (y, encoded, copy_s, encode_s) in zip(batch, done.rows)]
+            done = self.stage.run(batch)
+            result = done.outcomes(batch, started, version)
         except Exception as exc:  # noqa: BLE001 - the failure goes to every request of the batch
             # without its traceback: its frames hold the batch's samples until the cyclic
             # garbage collector runs (under a memory limit they count until then)
@@ -440,124 +376,17 @@ class Batcher:
         # then, off the answers' path: what the next batch is gathered by (a batch gathered
         # meanwhile goes by the reading before)
         try:
-            outlook = self._outlook()
+            outlook = self.policy.outlook()
         except Exception as exc:  # noqa: BLE001 - the next batches go by the last reading
             log.warning("%s: reading the memory free for the next batch failed: %s", self.name,
                         exc)
             return
         try:
-            loop.call_soon_threadsafe(self._look_ahead, outlook)
+            loop.call_soon_threadsafe(self.policy.take, outlook)
         except RuntimeError:
             pass  # closed meanwhile
 
-    def _look_ahead(self, outlook: tuple[int, tuple[float, ...]]) -> None:
-        self.gather_limit, self._times = outlook
-
-    def _batch_buffer(self, n: int) -> tuple[Any, np.ndarray]:
-        """The reusable host buffer for n samples (pinned on CUDA), grown when a batch is
-        larger, and a numpy view of it."""
-        import torch
-
-        if self._buffer is None or self._buffer[0].shape[0] < n:
-            loaded = self.worker.capture.model
-            # numpy has no bfloat16: such a batch is written as float32 and cast on the device
-            dtype = torch.float32 if loaded.torch_dtype == torch.bfloat16 else loaded.torch_dtype
-            buffer = torch.empty((max(n, self.worker.batch_max), *self.worker.capture.input_shape),
-                                 dtype=dtype, pin_memory=loaded.device.type == "cuda")
-            # its pages now, not when the first full batch writes them: in the group's working
-            # set from the start, which the memory limit's ledger reads as what stays
-            buffer.numpy().fill(0)
-            self._buffer = (buffer, buffer.numpy())
-        return self._buffer
-
-    def _infer(self, batch: list[_Pending]) -> _Done:
-        import torch
-
-        t0 = time.perf_counter()
-        loaded = self.worker.capture.model
-        buffer, host = self._batch_buffer(sum(p.n for p in batch))
-        copies: list[float] = []
-        refused: dict[int, Exception] = {}
-        offset = 0
-        for i, p in enumerate(batch):  # each request written into its rows of the batch: one copy
-            c0 = time.perf_counter()
-            rows = host[offset:offset + p.n]
-            if p.x.dtype == rows.dtype:
-                np.copyto(rows, p.x)
-            else:  # a value out of the model's dtype's range becomes infinite: refused below
-                with np.errstate(over="ignore", invalid="ignore"):
-                    np.copyto(rows, p.x, casting="unsafe")
-            # its values first read here, and checked as the model will see them (in its dtype:
-            # a float64 1e39 is infinite in float32): NaN propagates through max and min, and
-            # an infinity is one of them; a refused request's rows are written over
-            if rows.dtype.kind == "f" and not (np.isfinite(rows.max()) and np.isfinite(rows.min())):
-                refused[i] = field_error(p.field, "holds NaN or infinite values: send finite "
-                                                  "numbers")
-            else:
-                offset += p.n
-            copies.append(time.perf_counter() - c0)
-        total = offset
-        t1 = time.perf_counter()
-        if not total:
-            return _Done([(host[:0], refused[i], copies[i], 0.0) for i in range(len(batch))],
-                         RunInfo((), 0, 0), infer_s=0.0, transfer_s=0.0,
-                         run_s=time.perf_counter() - t0, samples=0)
-        x = buffer[:total]
-        if x.device != loaded.device or x.dtype != loaded.torch_dtype:  # not on a CPU float32
-            x = x.to(device=loaded.device, dtype=loaded.torch_dtype, non_blocking=True)
-        t2 = time.perf_counter()
-        y, info = self.worker.infer(x)
-        t3 = time.perf_counter()
-        if y.device.type != "cpu" or y.dtype != torch.float32:
-            y = y.to(device="cpu", dtype=torch.float32)
-        if buffer.data_ptr() <= y.data_ptr() < buffer.data_ptr() + buffer.nbytes:
-            y = y.clone()  # a model that returns its input: the buffer is reused next batch
-        out = y.numpy()
-        t4 = time.perf_counter()
-        rows = []
-        offset = 0
-        for i, (p, copy_s) in enumerate(zip(batch, copies)):
-            if i in refused:
-                rows.append((out[:0], refused[i], copy_s, 0.0))
-                continue
-            e0 = time.perf_counter()
-            mine = out[offset:offset + p.n]
-            try:
-                encoded = p.encode(mine) if p.encode is not None else None
-            except Exception as exc:  # noqa: BLE001 - it goes to its own request only
-                encoded = exc
-            rows.append((mine, encoded, copy_s, time.perf_counter() - e0))
-            offset += p.n
-        return _Done(rows, info, infer_s=t3 - t2, transfer_s=(t2 - t1) + (t4 - t3),
-                     run_s=time.perf_counter() - t0, samples=total)
-
-    def _outlook(self) -> tuple[int, tuple[float, ...]]:
-        """The next batch's gather limit and the table's predicted seconds per request size
-        for the memory free now (on the model's thread: it reads free memory). Without a
-        latency target or a follow-up wait, neither needs the memory: nothing is read."""
-        if self.latency_target_s is None and self.follow_up <= 0:
-            return self.worker.batch_max, ()
-        table, free = self.worker.table, self.worker.allowance()
-        times = table.times_within(free) if self.follow_up > 0 else ()
-        if self.latency_target_s is None:
-            return self.worker.batch_max, times
-        try:
-            return table.largest_batch_within(free, self.latency_target_s), times
-        except InfeasibleError:
-            return 1, times
-
     def _fail_waiting(self, exc: Exception) -> None:
-        pending = [self._carry] if self._carry is not None else []
-        self._carry = None
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except asyncio.QueueEmpty:
-                break
-            if isinstance(item, _Pending):
-                pending.append(item)
-        for p in pending:
+        for p in self.queue.drain():
             if not p.future.done():
                 p.future.set_exception(exc)
-        self._waiting = 0
-        self._queued_samples = 0

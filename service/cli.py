@@ -8,7 +8,7 @@ import json
 import logging
 from typing import Any
 
-from planner.cli import _positive, add_runtime_arg
+from planner.cli import add_runtime_arg, positive_int
 from core.errors import UsageError
 
 log = logging.getLogger("vbs.service")
@@ -51,7 +51,7 @@ def add_parser(sub: Any) -> None:
                    help="how models on one device share its memory (default arbiter)")
     p.add_argument("--cpu-model-threads", choices=["shared", "per_model"],
                    help="on the CPU: one torch thread for every model (default), or one each")
-    p.add_argument("--batch-max", type=_positive, help="largest request size planned (default 16)")
+    p.add_argument("--batch-max", type=positive_int, help="largest request size planned (default 16)")
     p.add_argument("--device", choices=["cpu", "cuda"])
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--solver", choices=["vbs", "paper", "fbs", "fbs-best", "greedy"])
@@ -59,7 +59,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-batch-delay-ms", type=float, help="longest wait to gather a batch")
     p.add_argument("--latency-target", type=_seconds, help="gather only what a plan runs within "
                                                            "this many seconds")
-    p.add_argument("--max-queue", type=_positive, help="waiting requests per model before 503")
+    p.add_argument("--max-queue", type=positive_int, help="waiting requests per model before 503")
     p.add_argument("--request-timeout", type=_seconds, help="seconds before a request gets 504")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=cmd_serve)
@@ -73,9 +73,9 @@ def add_parser(sub: Any) -> None:
                    help="HTTP (POST /infer, --format) or the OIP v2 over gRPC (ModelInfer, raw "
                         "tensors)")
     p.add_argument("--model", required=True, help="served model name")
-    p.add_argument("--clients", type=_positive, default=4, help="concurrent clients (<= 256)")
+    p.add_argument("--clients", type=positive_int, default=4, help="concurrent clients (<= 256)")
     p.add_argument("--duration", type=_seconds, default=10.0, help="seconds (<= 600)")
-    p.add_argument("--samples", type=_positive, default=1, help="samples per request")
+    p.add_argument("--samples", type=positive_int, default=1, help="samples per request")
     p.add_argument("--format", choices=["npy", "json"], default="npy", help="request encoding")
     p.add_argument("--warmup", type=_warmup, default=0.0,
                    help="seconds of load before counting starts (default 0)")

@@ -199,7 +199,7 @@ def release_ticket(request: Request) -> None:
     ticket = getattr(request.state, "vbs_ticket", None)
     if ticket is not None:
         request.state.vbs_ticket = None
-        request.app.state.registry.admission.release(ticket)
+        request.app.state.registry.memory.done(ticket)
 
 
 CACHED_QUERY_BYTES = 1024  # longer query strings are parsed every time (the cache stays small)

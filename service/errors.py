@@ -15,7 +15,8 @@ service's errors are subclasses of ``core.errors`` classes, so the tree stays on
     ├── UnavailableError        503  not ready yet, queue full, shutting down (Retry-After)
     └── RequestTimeoutError     504  queued and run longer than request_timeout_s
 
-Errors from the planner and the workers keep their meaning: InfeasibleError (no plan fits
+Errors from the planner and the workers keep their meaning: RequestTooLargeError (a request
+that no memory limit's ledger could ever hold) is 413; InfeasibleError (no plan fits
 in the memory free now) and OutOfMemoryError are 503 with Retry-After (memory is the
 server's condition, not the client's input), StoreError 503, other ExecutionErrors and
 anything unexpected 500. No client input reaches a 5xx: decoding turns every bad input into
@@ -35,7 +36,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from core.errors import (ExecutionError, InfeasibleError, OutOfMemoryError, PlanError,
-                            StoreError, UsageError, VbsError)
+                            RequestTooLargeError, StoreError, UsageError, VbsError)
 
 log = logging.getLogger("vbs.service")
 
@@ -101,7 +102,8 @@ def field_error(field: str, problem: str, cls: type[RequestError] = RequestError
 # The one translation of the exception tree into HTTP statuses (the tree in the module doc):
 # an exception is answered with the status of the first of its classes found here.
 STATUS: dict[type[BaseException], int] = {
-    PayloadTooLargeError: 413, UnsupportedMediaError: 415, RequestError: 400,
+    PayloadTooLargeError: 413, RequestTooLargeError: 413, UnsupportedMediaError: 415,
+    RequestError: 400,
     ModelNotFoundError: 404, AssetNotFoundError: 404, AuthError: 401,
     UnavailableError: 503, RequestTimeoutError: 504,
     InfeasibleError: 503, OutOfMemoryError: 503, StoreError: 503,

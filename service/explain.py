@@ -16,7 +16,7 @@ from core.errors import InfeasibleError
 from planner.solver.compare import BASELINE, STRATEGIES
 from core.table import PlanTable
 from planner.view.data import plan_description
-from service.registry import ModelEntry
+from service.entry import ModelEntry
 
 
 

@@ -33,14 +33,17 @@ from fastapi.security.utils import get_authorization_scheme_param
 
 from core.errors import VbsError
 from service.settings import Settings
-from service import codecs, grpc_codec, serving
-from service.admission import Ticket, estimate_hold
+from service import grpc_codec, serving
+from service.admission import estimate_hold
 from service.deps import check_api_key
 from service.errors import ModelNotFoundError, field_error, status_of
 from service.metrics import NO_MODEL, Metrics
 from service.oip import SERVICE, pb, rpc
-from service.registry import ModelEntry, Registry
+from service.entry import ModelEntry
+from service.registry import Registry
+from workers.ledger import Ticket
 from service.routers.v2 import model_metadata, server_metadata
+from service.wire.v2 import V2Request, v2_tensor
 
 log = logging.getLogger("vbs.service.grpc")
 
@@ -156,12 +159,12 @@ class InferenceService(rpc.GRPCInferenceServiceServicer):
         entry = self._entry(request.model_name, request.model_version, "model_name",
                             "model_version")
         call.model = entry.name
-        admission = self.registry.admission
+        memory = self.registry.memory
         ticket = await self._admit(size, entry)
         try:
             req, x, decode_s = await self._decode(request, size, entry)
             if ticket is not None:  # x is never a view of the message (read_request copies)
-                serving.hold_samples(admission, ticket, size, None, x, entry.output_shape)
+                serving.hold_samples(memory, ticket, size, None, x, entry.output_shape)
             assert entry.batcher is not None
             outcome = await entry.batcher.submit(
                 x, decode_s=decode_s, encode=grpc_codec.encoder(req.binary_output),
@@ -171,7 +174,7 @@ class InferenceService(rpc.GRPCInferenceServiceServicer):
             return grpc_codec.response(entry.name, req.id, outcome.y, outcome.encoded,
                                        req.binary_output, serving.v2_parameters(outcome))
         finally:
-            admission.release(ticket)
+            memory.done(ticket)
 
     async def _admit(self, size: int, entry: ModelEntry) -> Ticket | None:
         """Under a memory limit, a place in the ledger before the request is decoded (None:
@@ -182,19 +185,19 @@ class InferenceService(rpc.GRPCInferenceServiceServicer):
             return None
         ticket = await admission.admit(entry.name, estimate_hold(size, "binary"))
         if ticket is not None:
-            admission.resize(ticket, 0)  # in memory already, not to come: only held
+            self.registry.memory.resize(ticket, 0)  # in memory already, not to come: only held
         return ticket
 
     async def _decode(self, request: Any, size: int, entry: ModelEntry
-                      ) -> tuple[codecs.V2Request, Any, float]:
+                      ) -> tuple[V2Request, Any, float]:
         """The request's samples, checked as the HTTP route checks them: on the loop when
         small, else in a worker thread."""
         limit = self.settings.max_samples_per_request
 
-        def decode() -> tuple[codecs.V2Request, Any, float]:
+        def decode() -> tuple[V2Request, Any, float]:
             t0 = time.perf_counter()
             req = grpc_codec.read_request(request)
-            x = codecs.v2_tensor(req, entry.input_shape, limit)
+            x = v2_tensor(req, entry.input_shape, limit)
             return req, x, time.perf_counter() - t0
 
         small = (serving.INLINE_DECODE_BYTES if len(request.raw_input_contents)

@@ -1,11 +1,12 @@
 """OIP v2 gRPC messages in the HTTP route's terms, and outputs in gRPC's.
 
-A ``ModelInferRequest`` becomes the same ``codecs.V2Request`` the HTTP route decodes, so
-``codecs.v2_tensor`` checks it (names, datatypes, shapes, counts, sample limits) and refuses it
-with the same words; only the field named is gRPC's (``raw_input_contents[0]``,
-``inputs[0].contents.fp32_contents``). Values come either typed (the repeated field of their
-datatype) or raw (little-endian bytes, read in place); the answer comes the same way: raw
-output for raw input, as Triton answers tritonclient, typed for typed.
+A ``ModelInferRequest`` becomes the same ``V2Request`` the HTTP route decodes
+(``service.wire.v2``), so ``v2_tensor`` checks it (names, datatypes, shapes, counts, sample
+limits) and refuses it with the same words; only the field named is gRPC's
+(``raw_input_contents[0]``, ``inputs[0].contents.fp32_contents``). Values come either typed
+(the repeated field of their datatype) or raw (little-endian bytes, read in place); the
+answer comes the same way: raw output for raw input, as Triton answers tritonclient, typed for
+typed.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from service import codecs
 from service.errors import field_error
 from service.oip import pb
+from service.wire.v2 import OUTPUT_NAME, V2_OF_DTYPE, V2Input, V2Request, v2_encode
 
 # The typed field of every datatype that has one (FP16 and BF16 travel raw only), and what
 # protobuf holds in it.
@@ -47,8 +48,8 @@ def received(data: bytes) -> Received:
     return Received(pb.ModelInferRequest.FromString(data), len(data))
 
 
-def read_request(msg: Any) -> codecs.V2Request:
-    """The request as ``codecs.V2Request``: its tensors, ids and outputs checked as the HTTP
+def read_request(msg: Any) -> V2Request:
+    """The request as ``V2Request``: its tensors, ids and outputs checked as the HTTP
     route checks a JSON body (``binary_output``: it came raw, so it is answered raw)."""
     raw = list(msg.raw_input_contents)
     if raw and len(raw) != len(msg.inputs):
@@ -66,21 +67,21 @@ def read_request(msg: Any) -> codecs.V2Request:
                 raise field_error(f"{where}.contents", "must be empty when raw_input_contents "
                                                        "is given: send every input one way")
             at = f"raw_input_contents[{i}]"
-            inputs.append(codecs.V2Input(tensor.name, shape, tensor.datatype, raw=raw[i],
-                                         data_where=at, raw_where=at))
+            inputs.append(V2Input(tensor.name, shape, tensor.datatype, raw=raw[i],
+                                  data_where=at, raw_where=at))
         else:
             data, at = _typed(tensor.contents, tensor.datatype, where)
-            inputs.append(codecs.V2Input(tensor.name, shape, tensor.datatype, data=data,
-                                         data_where=at))
+            inputs.append(V2Input(tensor.name, shape, tensor.datatype, data=data,
+                                  data_where=at))
     if not inputs:
         raise field_error("inputs", "must hold the input tensor: the model takes one")
     outputs = []
     for i, wanted in enumerate(msg.outputs):
-        if wanted.name != codecs.OUTPUT_NAME:
+        if wanted.name != OUTPUT_NAME:
             raise field_error(f"outputs[{i}].name", f"unknown output {wanted.name!r}; the model "
-                                                    f"has one output, {codecs.OUTPUT_NAME!r}")
+                                                    f"has one output, {OUTPUT_NAME!r}")
         outputs.append(wanted.name)
-    return codecs.V2Request(msg.id or None, tuple(inputs), tuple(outputs), bool(raw))
+    return V2Request(msg.id or None, tuple(inputs), tuple(outputs), bool(raw))
 
 
 def _typed(contents: Any, datatype: str, where: str) -> tuple[Any, str]:
@@ -91,14 +92,14 @@ def _typed(contents: Any, datatype: str, where: str) -> tuple[Any, str]:
         if datatype.upper() == "FP16":
             raise field_error(f"{where}.contents", "FP16 has no typed field: send it in "
                                                    "raw_input_contents")
-        return None, f"{where}.contents"  # codecs.v2_tensor names the datatype's problem
+        return None, f"{where}.contents"  # v2_tensor names the datatype's problem
     for other in given:
         if other != name:
             raise field_error(f"{where}.contents.{other}", f"datatype {datatype} takes its "
                                                            f"values in contents.{name}")
     at = f"{where}.contents.{name}"
     values = getattr(contents, name)
-    if name not in FIELD_DTYPE:  # bytes_contents: refused by codecs.v2_tensor for its datatype
+    if name not in FIELD_DTYPE:  # bytes_contents: refused by v2_tensor for its datatype
         return None, at
     return np.fromiter(values, dtype=FIELD_DTYPE[name], count=len(values)), at
 
@@ -107,13 +108,13 @@ def encoder(raw: bool) -> Callable[[np.ndarray], Any]:
     """What the model's thread makes of a request's rows: little-endian bytes, or the output
     tensor with its values typed."""
     if raw:
-        return lambda y: codecs.v2_encode(y, True)
+        return lambda y: v2_encode(y, True)
     return _typed_output
 
 
 def _typed_output(y: np.ndarray) -> Any:
-    datatype = codecs.V2_OF_DTYPE.get(y.dtype.name, "FP32")
-    tensor = pb.ModelInferResponse.InferOutputTensor(name=codecs.OUTPUT_NAME, datatype=datatype,
+    datatype = V2_OF_DTYPE.get(y.dtype.name, "FP32")
+    tensor = pb.ModelInferResponse.InferOutputTensor(name=OUTPUT_NAME, datatype=datatype,
                                                      shape=list(y.shape))
     getattr(tensor.contents, CONTENTS_FIELD[datatype]).extend(y.reshape(-1).tolist())
     return tensor
@@ -125,8 +126,8 @@ def response(model: str, request_id: str | None, y: np.ndarray, encoded: Any, ra
     thread; ``parameters`` the HTTP answer's (scalars)."""
     answer = pb.ModelInferResponse(model_name=model, model_version="1", id=request_id or "")
     if raw:
-        answer.outputs.add(name=codecs.OUTPUT_NAME,
-                           datatype=codecs.V2_OF_DTYPE.get(y.dtype.name, "FP32"),
+        answer.outputs.add(name=OUTPUT_NAME,
+                           datatype=V2_OF_DTYPE.get(y.dtype.name, "FP32"),
                            shape=list(y.shape))
         answer.raw_output_contents.append(encoded)
     else:

@@ -1,5 +1,6 @@
 """What a request body is, from its headers: the one reading of ``Content-Type`` that the body
-limits (``service.deps``) and the decoders (``service.serving``) share.
+limits (``service.deps``) and the decoders (``service.serving``, by the formats of
+``service.wire``) share.
 
 A missing Content-Type is JSON (what ``curl -d`` and most clients mean). A JSON body is
 parsed whole into Python objects, so it has its own, smaller limit; an OIP v2 body with
@@ -12,10 +13,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 JSON_TYPES = ("application/json", "text/json")
-NPY_TYPES = ("application/x-npy", "application/npy", "application/x-numpy")
-RAW_TYPES = ("application/octet-stream",)
-IMAGE_TYPES = ("image/jpeg", "image/jpg", "image/png")
-MULTIPART = "multipart/form-data"
 BINARY_HEADER = "inference-header-content-length"  # OIP v2's binary tensor extension
 
 

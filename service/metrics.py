@@ -52,11 +52,35 @@ class ModelMetrics:
     queue_depth: Any
 
     def observe_request(self, timing: Any) -> None:
-        """One request's breakdown (``service.batcher.Timing``)."""
+        """One request's breakdown (``service.batch_stage.Timing``)."""
         self.queue_time.observe(timing.queue_s)
         self.input_time.observe(timing.input_s)
         self.infer_time.observe(timing.infer_s)
         self.output_time.observe(timing.output_s)
+
+    def observe_batch(self, done: Any, outcomes: Any) -> None:
+        """A batch (``service.batch_stage.Done``) and its requests' breakdowns (each an
+        ``Outcome``, or the error that request got)."""
+        if not done.samples:  # every request of it was refused (values not finite): none ran
+            return
+        info = done.info
+        self.batch_size.observe(done.samples)
+        self.samples.inc(done.samples)
+        self.run_time.observe(done.run_s)
+        if info.oom_retries:
+            self.oom_retries.inc(info.oom_retries)
+        if info.splits:
+            self.splits.inc(info.splits)
+        for choice in info.choices:
+            self.choice_time.observe(choice.seconds)
+        if info.choices:
+            last = info.choices[-1]
+            self.free_memory.set(last.free_bytes)
+            self.plan_peak.set(last.peak_bytes)
+        for outcome in outcomes:
+            timing = getattr(outcome, "timing", None)
+            if timing is not None:
+                self.observe_request(timing)
 
 
 class Metrics:

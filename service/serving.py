@@ -29,16 +29,20 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from service.settings import Settings
-from service import codecs
-from service.admission import Admission, Ticket
-from service.batcher import Outcome
+from workers.device_memory import DeviceMemory
+from workers.ledger import Ticket
+from service.batch_stage import Outcome
 from service.deps import InferQuery, inference_call, release_ticket
 from service.errors import PayloadTooLargeError, UnsupportedMediaError, field_error
-from service.media import IMAGE_TYPES, MULTIPART, NPY_TYPES, RAW_TYPES, is_json_type, media_type
-from service.registry import ModelEntry, Registry
+from service.media import media_type
+from service.entry import ModelEntry
+from service.registry import Registry
+from service.wire import SUPPORTED, body_format
+from service.wire import common as wire
+from service.wire import v2 as oip
+from service.wire.images import ImagePart
+from service.wire.infer_json import infer_json_from, is_v2_body, tensor_from_json
 
-SUPPORTED = "application/json, application/x-npy, application/octet-stream, " \
-            "multipart/form-data (JPEG/PNG files), image/jpeg or image/png"
 INLINE_DECODE_BYTES = 2 * 2**20  # binary bodies up to this are decoded on the event loop
 V2_FIELD = "inputs[0].data"
 T = TypeVar("T")  # where an OIP v2 request carries its samples
@@ -52,7 +56,7 @@ class Decoded:
     entry: ModelEntry
     x: np.ndarray
     top_k: int | None = None
-    v2: codecs.V2Request | None = None  # an OIP v2 body: answered in kind
+    v2: oip.V2Request | None = None  # an OIP v2 body: answered in kind
     decode_s: float = 0.0               # how long decoding took
     field: str = "inputs"               # where the body carries the samples (for errors)
 
@@ -60,11 +64,11 @@ class Decoded:
         """What the model's thread makes of this request's rows: the response's outputs."""
         if self.top_k is not None:
             k, labels = self.top_k, self.entry.labels
-            return lambda y: orjson.dumps(codecs.top_k(y, k, labels))
+            return lambda y: orjson.dumps(wire.top_k(y, k, labels))
         if self.v2 is not None:
             binary = self.v2.binary_output
-            return lambda y: codecs.v2_encode(y, binary)
-        return codecs.encode_array
+            return lambda y: oip.v2_encode(y, binary)
+        return wire.encode_array
 
 
 def _timed(decode: Callable[..., np.ndarray], *args: Any, **kwargs: Any) -> tuple[np.ndarray, float]:
@@ -130,74 +134,72 @@ async def answer(request: Request, endpoint: str, query: type[Q], model: str | N
 
 async def decode_infer(request: Request, body: bytes, query: InferQuery) -> Decoded:
     """A ``POST /infer`` request (its ``body`` read, its ``query`` validated already) as
-    samples of the model it names (see ``service.codecs``)."""
+    samples of the model it names, read as its Content-Type's format says (``service.wire``)."""
     registry: Registry = request.app.state.registry
     settings: Settings = request.app.state.settings
     headers, state = request.headers, request.state
     model, shape, dtype = query.model, query.shape, query.dtype
     kind = media_type(headers)
     limit = settings.max_samples_per_request
-    top_k = codecs.parse_top_k(query.top_k)
+    top_k = wire.parse_top_k(query.top_k)
 
     def named(name: str | None) -> ModelEntry:
         entry = registry.ready_entry(name)
         state.vbs_model = entry.name
         return entry
 
-    if is_json_type(kind):
-        return await _in_thread(_decode_json, body, named, model, top_k, limit)
-    if kind in NPY_TYPES or kind in RAW_TYPES:
+    fmt = body_format(kind)
+    if fmt is None:
+        raise UnsupportedMediaError(f"header Content-Type: {kind!r} is not supported; use "
+                                    f"{SUPPORTED}")
+    if fmt.reads == "json":
+        return await _in_thread(_decode_json, fmt, body, named, model, top_k, limit)
+    if fmt.reads == "tensor":
         entry = named(model)
         k = _check_top_k(entry, top_k)
-        if kind in NPY_TYPES:
-            x, spent = await _binary(body, codecs.decode_npy, entry.input_shape, limit)
-        else:
-            x, spent = await _binary(body, codecs.decode_raw, entry.input_shape, limit,
-                                     shape_text=shape or headers.get("x-tensor-shape"),
-                                     dtype_text=dtype or headers.get("x-tensor-dtype"))
+        x, spent = await _binary(body, fmt.decode, entry.input_shape, limit,
+                                 shape_text=shape or headers.get("x-tensor-shape"),
+                                 dtype_text=dtype or headers.get("x-tensor-dtype"))
         return Decoded(entry, x, k, decode_s=spent, field="body")
-    if kind in IMAGE_TYPES or kind == MULTIPART:
-        if kind == MULTIPART:
-            parts, fields = await _multipart(request, limit)
-        else:
-            parts, fields = [codecs.ImagePart("body", body)], {}
-        entry = named(_pick_model(model, fields.get("model")))
-        k = _check_top_k(entry, top_k if top_k is not None else codecs.parse_top_k(
-            fields.get("top_k"), "form field top_k"))
-        if entry.preprocess is None or entry.image_mode is None:
-            raise field_error("files", f"{entry.name} takes input "
-                                       f"{codecs.model_shape_text(entry.input_shape)}, not "
-                                       "images: send tensors (JSON, .npy or raw bytes)")
-        x, spent = await _in_thread(_timed, codecs.decode_images, parts, entry.preprocess,
-                                           entry.image_mode, entry.input_shape, limit,
-                                           settings.max_image_pixels)
-        return Decoded(entry, x, k, decode_s=spent, field="files")
-    raise UnsupportedMediaError(f"header Content-Type: {kind!r} is not supported; use {SUPPORTED}")
+    if fmt.reads == "multipart":
+        parts, fields = await _multipart(request, limit)
+    else:
+        parts, fields = [ImagePart("body", body)], {}
+    entry = named(_pick_model(model, fields.get("model")))
+    k = _check_top_k(entry, top_k if top_k is not None else wire.parse_top_k(
+        fields.get("top_k"), "form field top_k"))
+    if entry.preprocess is None or entry.image_mode is None:
+        raise field_error("files", f"{entry.name} takes input "
+                                   f"{wire.model_shape_text(entry.input_shape)}, not "
+                                   "images: send tensors (JSON, .npy or raw bytes)")
+    x, spent = await _in_thread(_timed, fmt.decode, parts, entry.preprocess, entry.image_mode,
+                                entry.input_shape, limit, settings.max_image_pixels)
+    return Decoded(entry, x, k, decode_s=spent, field="files")
 
 
-def _decode_json(body: bytes, named: Callable[[str | None], ModelEntry], model: str | None,
-                 top_k: int | None, limit: int) -> Decoded:
+def _decode_json(fmt: wire.Format, body: bytes, named: Callable[[str | None], ModelEntry],
+                 model: str | None, top_k: int | None, limit: int) -> Decoded:
     """A JSON /infer body, parsing to samples, in one worker thread."""
     t0 = time.perf_counter()
-    doc = codecs.parse_json(body)
-    if codecs.is_v2_body(doc):  # OIP v2 tensors, with the model named in the body or query
+    doc = fmt.decode(body)
+    if is_v2_body(doc):  # OIP v2 tensors, with the model named in the body or query
         name = doc.pop("model", None)
         if name is not None and not isinstance(name, str):
             raise field_error("model", "must be a model name")
         entry = named(_pick_model(model, name))
-        v2 = codecs.parse_v2_doc(doc)
-        x = codecs.v2_tensor(v2, entry.input_shape, limit)
+        v2 = oip.parse_v2_doc(doc)
+        x = oip.v2_tensor(v2, entry.input_shape, limit)
         return Decoded(entry, x, _check_top_k(entry, top_k), v2, time.perf_counter() - t0,
                        V2_FIELD)
-    req = codecs.infer_json_from(doc)
+    req = infer_json_from(doc)
     entry = named(_pick_model(model, req.model))
     k = _check_top_k(entry, top_k if top_k is not None else req.top_k)
-    x = codecs.tensor_from_json(req, entry.input_shape, limit)
+    x = tensor_from_json(req, entry.input_shape, limit)
     return Decoded(entry, x, k, decode_s=time.perf_counter() - t0)
 
 
 async def _multipart(request: Request, max_samples: int
-                     ) -> tuple[list[codecs.ImagePart], dict[str, str]]:
+                     ) -> tuple[list[ImagePart], dict[str, str]]:
     """The image files and fields of a multipart body, parsed by Starlette's own form parser
     (bounded: files, fields and the size of a field), file data spooled off the event loop."""
     try:
@@ -209,13 +211,13 @@ async def _multipart(request: Request, max_samples: int
                   else exc.message if isinstance(exc, MultiPartException) else str(exc))
         raise field_error("body", f"malformed multipart/form-data ({detail})") from exc
     try:
-        parts: list[codecs.ImagePart] = []
+        parts: list[ImagePart] = []
         fields: dict[str, str] = {}
         for key, value in form.multi_items():
             if isinstance(value, UploadFile):
                 label = repr((value.filename or "")[:80])
                 where = f"files[{len(parts)}] ({key!r}, filename {label})"
-                parts.append(codecs.ImagePart(where, await value.read()))
+                parts.append(ImagePart(where, await value.read()))
             elif key in ("model", "top_k"):
                 fields[key] = value
             else:
@@ -237,9 +239,9 @@ async def decode_v2(request: Request, name: str, body: bytes) -> Decoded:
     request.state.vbs_model = entry.name
     header = request.headers.get("inference-header-content-length")
 
-    def decode(data: bytes) -> tuple[codecs.V2Request, np.ndarray]:
-        req = codecs.parse_v2(data, header)
-        return req, codecs.v2_tensor(req, entry.input_shape, settings.max_samples_per_request)
+    def decode(data: bytes) -> tuple[oip.V2Request, np.ndarray]:
+        req = oip.parse_v2(data, header)
+        return req, oip.v2_tensor(req, entry.input_shape, settings.max_samples_per_request)
 
     if header is not None:  # binary tensors: a small JSON header and views of the bytes
         (req, x), spent = await _binary(body, decode)
@@ -254,11 +256,11 @@ def hold(request: Request, body: bytes, decoded: Decoded) -> None:
     Content-Length said and no longer fitting)."""
     ticket = getattr(request.state, "vbs_ticket", None)
     if ticket is not None:
-        hold_samples(request.app.state.registry.admission, ticket, len(body), body,
+        hold_samples(request.app.state.registry.memory, ticket, len(body), body,
                      decoded.x, decoded.entry.output_shape)
 
 
-def hold_samples(admission: Admission, ticket: Ticket, held: int, body: bytes | None,
+def hold_samples(memory: DeviceMemory, ticket: Ticket, held: int, body: bytes | None,
                  x: np.ndarray, output_shape: tuple[int, ...]) -> None:
     """The exact bytes a decoded request holds, for the ledger: ``held`` bytes of message,
     its samples ``x`` unless a view of ``body`` (the bytes they were decoded from), and its
@@ -267,8 +269,8 @@ def hold_samples(admission: Admission, ticket: Ticket, held: int, body: bytes | 
     if not (body and np.may_share_memory(x, np.frombuffer(body, np.uint8))):
         held += x.nbytes
     out = int(np.prod(output_shape, dtype=np.int64)) * 4 * x.shape[0]
-    admission.resize(ticket, held + 3 * out)  # y, and its encoding
-    admission.keep(ticket, x)
+    memory.resize(ticket, held + 3 * out)  # y, and its encoding
+    memory.keep(ticket, x)
 
 
 async def run(decoded: Decoded, state: Any) -> Outcome:
@@ -327,9 +329,9 @@ def infer_response(decoded: Decoded, outcome: Outcome) -> Response:
 
 def v2_response(decoded: Decoded, outcome: Outcome) -> Response:
     assert decoded.v2 is not None
-    content, headers = codecs.v2_response(decoded.entry.name, decoded.v2.id, outcome.y,
-                                          outcome.encoded, decoded.v2.binary_output,
-                                          v2_parameters(outcome))
+    content, headers = oip.v2_response(decoded.entry.name, decoded.v2.id, outcome.y,
+                                       outcome.encoded, decoded.v2.binary_output,
+                                       v2_parameters(outcome))
     return Response(content, headers=headers)
 
 

@@ -87,6 +87,18 @@ class Lease(Generic[P]):
     token: int = field(repr=False, default=0)
 
 
+class Leases(Protocol):
+    """What a worker asks of a device's memory (an ``Arbiter``, or the device's owner that
+    holds one, ``workers.device_memory``): its share, and leases."""
+
+    def allowance(self, model: str) -> int: ...
+
+    def acquire(self, model: str, pick: Callable[[int], P | None], *, need: int,
+                timeout_s: float) -> Lease[P]: ...
+
+    def release(self, lease: Lease[Any]) -> None: ...
+
+
 @dataclass(frozen=True)
 class Claim:
     """A model the arbiter divides memory for."""
@@ -179,6 +191,11 @@ class Arbiter:
                 self.listener.on_register(self.device, name)
 
     # ------------------------------------------------------------------ queries
+
+    def tables(self) -> dict[str, PlanTable]:
+        """The table each registered model serves now (no lock: read by the memory owner while
+        this arbiter's lock may be held elsewhere in the same call chain)."""
+        return {c.name: c.table() for c in list(self._claims.values())}
 
     @property
     def leased(self) -> int:

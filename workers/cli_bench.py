@@ -1,5 +1,5 @@
-"""``vbs bench``'s flags and command; the benchmark itself is ``workers.bench`` (imported when
-the command runs, so building the ``vbs`` parser loads no torch)."""
+"""``vbs bench``'s flags and command; the benchmark itself is ``workers.plans_measured``
+(imported when the command runs, so building the ``vbs`` parser loads no torch)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from planner.cli import _positive, add_model_args, add_runtime_arg, load_capture, settings_from
+from planner.cli import add_model_args, add_runtime_arg, load_capture, positive_int, settings_from
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -19,7 +19,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from planner.solver.compare import STRATEGIES, budget_range
     from core.sizes import parse_budgets
     from planner.solver.tables import build_tables
-    from workers.bench import render, run_bench, write_outputs
+    from workers.plans_measured import render, run_bench, write_outputs
 
     settings = settings_from(args)
     cap = load_capture(args, settings)
@@ -46,13 +46,13 @@ def add_parser(sub: Any) -> None:
                                      "real model")
     add_model_args(p)
     add_runtime_arg(p)
-    p.add_argument("--batch", type=_positive, required=True, help="request size")
+    p.add_argument("--batch", type=positive_int, required=True, help="request size")
     p.add_argument("--memory", default="auto",
                    help="budgets: START:STOP:STEP (15MB:40MB:5MB), a list (10MB,20MB) or auto[:N] "
                         "(N budgets, default 10, from where fbs-best runs one sample at a time "
                         "to where fbs runs the request at once, denser at the bottom)")
-    p.add_argument("--batch-max", type=_positive, help="profile up to this batch (default: --batch)")
-    p.add_argument("--repeat", type=_positive, default=5, help="interleaved rounds (default 5)")
+    p.add_argument("--batch-max", type=positive_int, help="profile up to this batch (default: --batch)")
+    p.add_argument("--repeat", type=positive_int, default=5, help="interleaved rounds (default 5)")
     p.add_argument("--out", help="write CSV, JSON and PNG plots here")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.set_defaults(func=cmd_bench)

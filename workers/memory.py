@@ -4,8 +4,8 @@ CUDA: what the driver reports free (``torch.cuda.mem_get_info``) plus what PyTor
 allocator holds but does not use (reserved − allocated): both can be given to a plan.
 CPU: the least headroom under the cgroup memory limits on this process's path (limit minus
 working set, ``workers.cgroup``), never more than the kernel's ``MemAvailable``. Either way
-the result is capped by the configured limit and a safety margin is kept back, because other
-allocations (the request tensors, Python objects, the HTTP stack) happen beside the plan.
+the result is capped by the configured limit. What is kept back from plans (the margin) is the
+device's memory owner's to decide (``workers.device_memory``).
 """
 
 from __future__ import annotations
@@ -55,19 +55,17 @@ def release_cached(device: str) -> None:
 
 @dataclass
 class MemoryProbe:
-    """Bytes free for activations now: the device's free memory, capped, minus a margin.
+    """Bytes free for activations now: the device's free memory, capped.
 
     ``limit`` is the most a plan may use whatever the device has free (0 = no cap); it can
     be changed while serving (a smaller limit makes later batches step down to plans that
-    fit). ``margin`` is kept back for everything that is not a plan's activations. What the
-    unit runtimes keep of the device allocator's cache for themselves (a CUDA graph's private
-    pool: ``UnitRuntime.cached_bytes``) is not free: each runtime loaded on the device is
-    ``keep``-registered and its share taken off the reading.
+    fit). What the unit runtimes keep of the device allocator's cache for themselves (a CUDA
+    graph's private pool: ``UnitRuntime.cached_bytes``) is not free: each runtime loaded on
+    the device is ``keep``-registered and its share taken off the reading.
     """
 
     device: str = "cpu"
     limit: int = 0
-    margin: int = 0
     source: Callable[[], int] | None = None  # overrides the device reading (e.g. a cgroup root)
     kept: dict[int, Callable[[], int]] = field(default_factory=dict, repr=False)
 
@@ -95,4 +93,4 @@ class MemoryProbe:
         free = self.device_free()
         if self.limit:
             free = min(free, self.limit)
-        return max(0, free - self.margin)
+        return max(0, free)

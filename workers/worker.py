@@ -10,9 +10,10 @@ still runs out of memory (another process took some meanwhile), the plan steps d
 what failed and the piece is retried, the allocator's cache released first: a batch is never
 lost. A batch reads the table once, so a table swapped in meanwhile never mixes with it.
 
-With several models on a device, a worker built with an ``arbiter`` (``workers.arbiter``, one
-per device) does not read free memory on its own: before each piece runs it leases the bytes
-of the plan it picks (the piece's exact peak) within what the arbiter lets it take (its share,
+With several models on a device, a worker built with the device's ``memory`` (its one owner,
+``workers.device_memory``; or an ``Arbiter`` alone) does not read free memory on its own:
+before each piece runs it leases the bytes of the plan it picks (the piece's exact peak)
+within what the owner lets it take (its share,
 or less when other models' batches hold the rest: a smaller plan, or a wait in line), and
 returns the lease when the piece ends, also on error or out-of-memory.
 """
@@ -37,7 +38,7 @@ from core.program import Plan, Program
 from core.runs import TreeIndex
 from core.runtimes.base import RuntimeOptions, UnitRuntime
 from core.table import PlanTable, TablePlan
-from workers.arbiter import Arbiter, Lease
+from workers.arbiter import Lease, Leases
 from workers.executor import Prepared, prepare as prepare_run
 from workers.memory import MemoryProbe, cpu_free, release_cached
 
@@ -133,15 +134,15 @@ class Worker:
 
     def __init__(self, capture: Capture, table: PlanTable, probe: MemoryProbe,
                  *, max_oom_retries: int = 4, name: str | None = None,
-                 arbiter: Arbiter | None = None, lease_timeout_s: float = 30.0,
+                 memory: Leases | None = None, lease_timeout_s: float = 30.0,
                  runtimes: dict[str, UnitRuntime] | None = None,
                  runtime_options: RuntimeOptions | None = None) -> None:
         self.capture = capture
         self.probe = probe
         self.max_oom_retries = max_oom_retries
         self.stats = WorkerStats()
-        self.name = name or capture.model.spec.name  # as the arbiter knows it
-        self.arbiter = arbiter
+        self.name = name or capture.model.spec.name  # as the device's memory knows it
+        self.memory = memory
         self.lease_timeout_s = lease_timeout_s
         self.runtimes: dict[str, UnitRuntime] = dict(runtimes or {})
         for loaded in self.runtimes.values():
@@ -212,8 +213,9 @@ class Worker:
         return self.table.batch_max
 
     def allowance(self) -> int:
-        """Bytes the next batch may plan for: its share from the arbiter, else what is free."""
-        return self.arbiter.allowance(self.name) if self.arbiter is not None else self.probe.free()
+        """Bytes the next batch may plan for: its share of the device's memory, else what is
+        free."""
+        return self.memory.allowance(self.name) if self.memory is not None else self.probe.free()
 
     def pick(self, table: PlanTable, r: int, free: int) -> Choice | None:
         """The plan for the most samples, up to r, that fit in ``free`` bytes (None: not one
@@ -236,9 +238,9 @@ class Worker:
 
     def _lease(self, table: PlanTable, r: int, below: int | None,
                free: Callable[[], int] | None) -> tuple[Choice, Lease[Choice] | None]:
-        """The plan of the next piece and its lease (None without an arbiter, or when the
+        """The plan of the next piece and its lease (None without the device's memory, or when the
         caller gives the free memory itself)."""
-        if self.arbiter is None or free is not None:
+        if self.memory is None or free is not None:
             read = free or self.probe.free
             avail = read() if below is None else min(read(), below)
             return self.choose(table, r, avail), None
@@ -250,7 +252,7 @@ class Worker:
         def pick(avail: int) -> Choice | None:
             return self.pick(table, r, avail if below is None else min(avail, below))
 
-        lease = self.arbiter.acquire(self.name, pick, need=need, timeout_s=self.lease_timeout_s)
+        lease = self.memory.acquire(self.name, pick, need=need, timeout_s=self.lease_timeout_s)
         c = lease.choice  # built whole: dataclasses.replace costs more than the lookup
         return Choice(c.table, c.index, c.batch, c.free_bytes, c.seconds, lease.waited_s,
                       lease.stepped_down), lease
@@ -264,7 +266,7 @@ class Worker:
 
     def infer(self, x: torch.Tensor, free: Callable[[], int] | None = None) -> tuple[torch.Tensor, RunInfo]:
         """``model(x)`` for a batch of any size, within the memory free when each piece runs
-        (``free`` overrides the reading, and the arbiter: for tests and benchmarks)."""
+        (``free`` overrides the reading, and the leases: for tests and benchmarks)."""
         table = self.table  # one table for the whole batch, whatever is swapped in meanwhile
         n = int(x.shape[0])
         if n < 1:
@@ -292,7 +294,7 @@ class Worker:
                 continue
             finally:
                 if lease is not None:
-                    self.arbiter.release(lease)  # type: ignore[union-attr]
+                    self.memory.release(lease)  # type: ignore[union-attr]
             retries += 1
             attempts += 1
             if attempts > self.max_oom_retries:

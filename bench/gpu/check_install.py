@@ -15,7 +15,7 @@ import json
 import platform
 import sys
 
-MODULES = ("planner.cli", "planner.profiling.energy", "workers.worker", "workers.bench",
+MODULES = ("planner.cli", "planner.profiling.energy", "workers.worker", "workers.plans_measured",
            "service.commands", "service.main", "service.grpc_server", "service.oip",
            "pytest", "pytest_timeout", "hypothesis", "yaml", "httpx", "matplotlib")
 

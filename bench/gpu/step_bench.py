@@ -1,7 +1,7 @@
 """Step ``bench``: `vbs bench` of every model and dtype, every strategy at every budget.
 
 Each is a `vbs bench --out` of its own (profile at the request size, the five strategies'
-tables, every (strategy, budget) run interleaved; ``workers.bench``). The record keeps its
+tables, every (strategy, budget) run interleaved; ``workers.plans_measured``). The record keeps its
 summary and rows, and per model the figures the summary tables need: runs over budget (must
 be 0), MAPE of predicted time and peak, how often the table's claimed peak was the measured
 one, and vbs's largest measured gain over fbs (the paper's baseline) and over fbs-best.

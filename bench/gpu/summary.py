@@ -177,7 +177,7 @@ def graphs_against_eager(done: list[dict[str, Any]]) -> list[str]:
 
 
 def _bench(r: dict[str, Any]) -> list[str]:
-    from workers.bench import markdown
+    from workers.plans_measured import markdown
 
     done = [b for b in r["items"] if "summary" in b]
     lines = ["## Every strategy at every budget (`vbs bench`)", "",

@@ -15,5 +15,5 @@ Modules, one job each:
 - ``tables``    ``build_tables``: every (r, budget) from one solve, as ``core.table.PlanTable``
 - ``compare``   every strategy's plans side by side, for `vbs bench` and the page
 - ``synthetic`` GoogLeNet-, ResNet-50- and chain-shaped profiles without torch
-- ``bench``     times table builds (``python -m planner.solver.bench``)
+- ``build_times`` times table builds (``python -m planner.solver.build_times``)
 """

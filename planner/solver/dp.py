@@ -7,7 +7,7 @@ walk from the root into branches without Python in the loop.
 
 Memory accounting in slots (docs/architecture.md): a layer step needs
 ``slots_up(in*b + ws(b) + out*b)``; a block phase reserves ``slots_up((in+out)*b)`` for the
-fork and the join and gives its branches the rest; a run needs ``slots_up(run_need)``
+fork and the join and gives its branches the rest; a run needs ``slots_up(run_peak)``
 (``core.runs``); waiting inputs and arrived outputs of a phase split are
 ``slots_up(size*count)`` each. Every piece is rounded up, so the exact bytes of a plan chosen
 within m slots never exceed ``m * slot_bytes``.

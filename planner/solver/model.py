@@ -14,7 +14,7 @@ itself: on torch where the profile names runtimes (``inf`` where the runtime cho
 unit off torch), else on the profile's only kernels. What a runtime that runs units in calls
 (ONNX Runtime, CUDA graphs) does is a chain's ``RunTable``: for every span of consecutive children of one
 series it can run as one call, at every batch size, what that call costs
-(``planner.solver.pricing``) and needs (``core.runs.run_need``); a single unit on
+(``planner.solver.pricing``) and needs (``core.runs.run_peak``); a single unit on
 that runtime is a span of one.
 
 Every solver, the simulator and the baselines read sizes, workspaces, runs and costs from
@@ -33,8 +33,8 @@ from functools import cached_property
 from core import runtimes as rt
 from core.errors import ProfileError, UsageError
 from planner.solver.pricing import Pricing
-from core.runs import CallCost, RunMemory, TreeIndex, call_cost, figures, \
-    measured_runs, run_inner, run_need, supports
+from core.runs import CallCost, RunMemory, TreeIndex, call_cost, held_inside, \
+    measured_runs, run_peak, supports, unit_figures
 from core.tree import Layer, Node, Parallel, Profile, Series, iter_layers, node_to_json
 
 OBJECTIVES = ("time", "energy")
@@ -106,9 +106,9 @@ class Instance:
     calls: dict[str, CallCost] = field(default_factory=dict)
     run_memory: RunMemory = field(default_factory=dict)  # runs the profiler measured whole
     grouping: str = ""  # the runtime whose units run in calls of runs (RunTable), '' for none
-    # what every span of every RunTable holds inside its runtime (``runs.run_inner``): the
+    # what every span of every RunTable holds inside its runtime (``runs.held_inside``): the
     # walk reads it instead of working it out again for every call of every plan it lays out
-    run_inners: RunMemory = field(default_factory=dict)
+    spans_held_inside: RunMemory = field(default_factory=dict)
 
     @property
     def root(self) -> Chain:
@@ -224,7 +224,7 @@ def build_instance(profile: Profile, objective: str = "time", *, count_request: 
                     locate=flat.locate, tree=profile.root,
                     granule=profile.granule, runtimes=kinds, runtime_choice=choice, calls=calls,
                     run_memory=run_memory, grouping=grouping,
-                    run_inners=runs.inners if runs is not None else {})
+                    spans_held_inside=runs.spans_held_inside if runs is not None else {})
 
 
 class _Flattener:
@@ -246,8 +246,8 @@ class _Flattener:
                                f"this tree is not measured (run `vbs profile`)")
         _costs(m.time, "time", m.name, B, optional=False)
         if self.kinds:  # a step of the executor's own runs on torch
-            time = tuple(float(figures(m, rt.TORCH, b)[0]) for b in range(1, B + 1))
-            ws = tuple(int(figures(m, rt.TORCH, b)[1]) for b in range(1, B + 1))
+            time = tuple(float(unit_figures(m, rt.TORCH, b)[0]) for b in range(1, B + 1))
+            ws = tuple(int(unit_figures(m, rt.TORCH, b)[1]) for b in range(1, B + 1))
         else:
             time, ws = tuple(float(t) for t in m.time), tuple(int(w) for w in m.ws)
         cost = time if self.objective == "time" else _costs(m.energy, "energy", m.name, B,
@@ -316,7 +316,7 @@ class _Runs:
     granule: int
     measured: RunMemory
     batch_max: int
-    inners: RunMemory = field(default_factory=dict)  # filled as tables are built
+    spans_held_inside: RunMemory = field(default_factory=dict)  # filled as tables are built
 
     def table(self, chain: Chain) -> RunTable:
         spans: dict[tuple[int, int], tuple[tuple[float, ...], tuple[int, ...]]] = {}
@@ -331,13 +331,13 @@ class _Runs:
                 if at[0] is not series or at[1] != start + j - i or not supports(node, self.runtime):
                     break
                 span = nodes[i:j + 1]
-                inner = tuple(run_inner(span, b, self.runtime, self.granule, self.measured)
+                inner = tuple(held_inside(span, b, self.runtime, self.granule, self.measured)
                               for b in batches)
-                self.inners[first.name, node.name] = inner
+                self.spans_held_inside[first.name, node.name] = inner
                 spans[i, j] = (
                     tuple(self.pricing.run(span, self.runtime, b) for b in batches),
-                    tuple(run_need(span, b, self.runtime, chain.sizes[i] * b, self.granule,
-                                   self.inners) for b in batches))
+                    tuple(run_peak(span, b, self.runtime, chain.sizes[i] * b, self.granule,
+                                   self.spans_held_inside) for b in batches))
         return RunTable(self.runtime, spans)
 
 

@@ -3,7 +3,7 @@
 ``plain_top`` returns OPT of the root chain for every b = 0..B and m = 0..M slots, computed
 with lists and loops only (no numpy, no numba), with the same slot accounting as
 ``planner.solver.dp``. It is meant for small instances: tests compare it entry by entry with
-the fast kernels, and ``planner.solver.bench`` times both.
+the fast kernels, and ``planner.solver.build_times`` times both.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from core import runtimes as rt
 from core.program import Step
-from core.runs import CallCost, TreeIndex, figures, run_runtime, step_runtime
+from core.runs import CallCost, TreeIndex, run_runtime, step_runtime, unit_figures
 from core.tree import Layer, Node, Parallel, fold_order
 
 
@@ -66,7 +66,7 @@ class Pricing:
             values = node.energy  # type: ignore[union-attr]
             return float(values[c - 1]) if values else 0.0
         if isinstance(node, Layer):
-            return figures(node, runtime, c)[0]
+            return unit_figures(node, runtime, c)[0]
         assert isinstance(node, Parallel)
         measured = node.measured(runtime) if runtime != rt.TORCH else None
         if measured is not None:

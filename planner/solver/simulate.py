@@ -22,7 +22,7 @@ Steps, in order, each ``{"unit": U, "samples": C}`` with C >= 1:
 - A run (``runs``: first and last step) is one call of a runtime: its steps are the units
   of consecutive children of one series at one batch size C, blocks whole (a block's step,
   then its branches' units once each), taking the next C samples at its input while nothing
-  waits between its units; while it runs it needs ``held + run_need`` (what the runtime
+  waits between its units; while it runs it needs ``held + run_peak`` (what the runtime
   holds inside and the run's output, ``core.runs``), for every one of its steps.
 
 A program costs what ``planner.solver.pricing`` says it costs with those runs.
@@ -42,7 +42,7 @@ from core.errors import InvalidProgramError, UsageError
 from core.sizes import check_slot_bytes
 from planner.solver.model import Chain, Instance, build_instance
 from core.program import Program, Step
-from core.runs import figures, run_need, run_runtime, step_runtime
+from core.runs import run_peak, run_runtime, step_runtime, unit_figures
 from core.tree import Node, Parallel, Profile, fold_order
 
 
@@ -123,7 +123,7 @@ def simulate(model: Profile | Instance, program: Program | Iterable[Step], batch
     stack = [_Frame(root, [batch] + [0] * root.n, batch)]
     needs: list[int] = []
     in_run = -1  # the last step of the run being replayed (-1: none)
-    run_need_now = 0
+    run_peak_now = 0
     per_unit: dict[str, tuple[list[int], list[int]]] = {n: ([], []) for n in inst.unit_names}
 
     for i, step in enumerate(steps):
@@ -139,15 +139,15 @@ def simulate(model: Profile | Instance, program: Program | Iterable[Step], batch
             if any(top.counts[pos + 1:pos + len(nodes)]):
                 raise InvalidProgramError(f"{_where(i, step)}: a run starts while samples wait "
                                           "between its units")
-            in_run, run_need_now = end, held + run_need(nodes, c, run_runtime(nodes[0], step), 0,
+            in_run, run_peak_now = end, held + run_peak(nodes, c, run_runtime(nodes[0], step), 0,
                                                         inst.granule, inst.run_memory)
         if in_run >= i:
-            need = run_need_now
+            need = run_peak_now
         elif unit.is_block:
             need = held + top.chain.sizes[pos + 1] * c
         else:
             runtime = step_runtime(node, step)
-            need = held + node.out_bytes * c + figures(node, runtime, c)[1]  # type: ignore[arg-type]
+            need = held + node.out_bytes * c + unit_figures(node, runtime, c)[1]  # type: ignore[arg-type]
         if need > usable:
             rounded = f" ({budget_bytes} rounded down to slots of {slot_bytes})" if usable != budget_bytes else ""
             raise InvalidProgramError(f"{_where(i, step)}: needs {need} bytes but the budget "

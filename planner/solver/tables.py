@@ -89,7 +89,7 @@ class _Layouts:
         if found is None:
             found = self.done[key] = layout(self.inst.tree, cand.steps, r,  # type: ignore[arg-type]
                                             granule=self.inst.granule, runs=cand.runs,
-                                            measured=self.inst.run_inners)
+                                            measured=self.inst.spans_held_inside)
             self.walks += 1
         return found
 

@@ -11,10 +11,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from service import serving
-from service.codecs import InferBody
 from service.fast.route import LeanRoute
 from service.deps import InferQuery, lean_openapi
 from service.errors import error_responses
+from service.wire import FORMATS
 
 router = APIRouter(tags=["inference"], route_class=LeanRoute)
 
@@ -23,16 +23,7 @@ _BODY = {
         "required": True,
         "description": "samples of the model's planned input shape, as JSON, .npy, raw bytes "
                        "or images",
-        "content": {
-            "application/json": {"schema": InferBody.model_json_schema()},
-            "application/x-npy": {"schema": {"type": "string", "format": "binary"}},
-            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
-            "multipart/form-data": {"schema": {
-                "type": "object", "properties": {"files": {
-                    "type": "array", "items": {"type": "string", "format": "binary"}}}}},
-            "image/jpeg": {"schema": {"type": "string", "format": "binary"}},
-            "image/png": {"schema": {"type": "string", "format": "binary"}},
-        },
+        "content": {kind: media for f in FORMATS for kind, media in f.openapi.items()},
     },
 }
 

@@ -1,7 +1,7 @@
 """``GET /models``: what is served, its input and output shapes, its current table, how the
 device's memory is shared among the models (budget, shares, leases, high water), and the
 memory limit that applies (``memory_limit``: the cgroup's limit, its working set, what
-admitted requests hold and what the plans may use; ``service.admission``)."""
+admitted requests hold and what the plans may use; ``workers.device_memory``)."""
 
 from __future__ import annotations
 
@@ -18,5 +18,5 @@ router = APIRouter(tags=["models"])
 async def get_models(request: Request, registry: RegistryDep) -> dict[str, Any]:
     request.state.vbs_endpoint = "models"
     return {"models": [e.describe() for e in registry.entries.values()],
-            "ready": registry.ready, "store_up": registry.store_up, "memory": registry.memory(),
-            "memory_limit": registry.admission.ledger().to_json()}
+            "ready": registry.ready, "store_up": registry.store_up, "memory": registry.arbiters(),
+            "memory_limit": registry.memory.report().to_json()}

@@ -49,11 +49,10 @@ async def get_plan(
     memory: dict[str, object] = {}
     if mem is None:  # the model's share now (what its next batch may plan for)
         budget = await run_in_threadpool(entry.worker.allowance)
-        arbiter = entry.worker.arbiter
-        source = "free now"
-        if arbiter is not None:
-            source = f"share ({arbiter.mode})"
-            memory = {"memory_shares": arbiter.shares(), "memory_free_for_plans": arbiter.last_budget}
+        sharing = registry.memory.sharing()  # the device's one owner: the model's share of it
+        source = f"share ({sharing['mode']})"
+        memory = {"memory_shares": sharing["shares"],
+                  "memory_free_for_plans": sharing["budget_bytes"]}
     else:
         try:
             budget, source = parse_bytes(mem), "query"

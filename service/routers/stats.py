@@ -55,7 +55,7 @@ async def get_stats(name: str, request: Request, registry: RegistryDep,
     return {
         "model": entry.name, "window_s": figures.window_s,
         "memory_free_bytes": free, "memory_limit_bytes": entry.worker.probe.limit,
-        "cgroup_limit": registry.admission.ledger().to_json(),
+        "cgroup_limit": registry.memory.report().to_json(),
         "queue": batcher.waiting if batcher else 0,
         "running": bool(batcher and batcher.running),
         "requests": figures.requests, "samples": figures.samples,

@@ -10,12 +10,13 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from service import codecs, serving
+from service import serving
 from service.fast.route import LeanRoute
 from service.deps import NoQuery, RegistryDep, lean_openapi
 from service.errors import BAD_REQUEST, NO_MODEL, NOT_READY, error_responses
-from service.registry import ModelEntry
+from service.entry import ModelEntry
 from service.routers import health
+from service.wire.v2 import OUTPUT_NAME, V2_OF_DTYPE
 
 router = APIRouter(prefix="/v2", tags=["open inference protocol v2"])
 SERVER_NAME = "vbs-serve"
@@ -36,10 +37,10 @@ def server_metadata() -> dict[str, object]:
 def model_metadata(entry: ModelEntry) -> dict[str, object]:
     """A ready model's OIP metadata (HTTP and gRPC answer the same; gRPC has no
     ``parameters``)."""
-    datatype = codecs.V2_OF_DTYPE.get(entry.spec.dtype, "FP32")  # bfloat16 is sent as FP32
+    datatype = V2_OF_DTYPE.get(entry.spec.dtype, "FP32")  # bfloat16 is sent as FP32
     return {"name": entry.name, "versions": ["1"], "platform": "pytorch_vbs",
             "inputs": [{"name": "input", "datatype": datatype, "shape": [-1, *entry.input_shape]}],
-            "outputs": [{"name": codecs.OUTPUT_NAME, "datatype": "FP32",
+            "outputs": [{"name": OUTPUT_NAME, "datatype": "FP32",
                          "shape": [-1, *entry.output_shape]}],
             "parameters": {"model": entry.spec.name, "batch_max": entry.table.batch_max,
                            "fingerprint": entry.fingerprint, "table_version": entry.table_version}}

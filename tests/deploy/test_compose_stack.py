@@ -247,7 +247,7 @@ def test_an_image_is_answered_as_the_model_computes_it(stack: Stack, model: Any)
     import httpx
     from PIL import Image
 
-    from service.codecs import build_preprocess
+    from planner.families import build_preprocess
 
     body = png()
     preprocess, mode = build_preprocess(MODEL, SHAPE)

@@ -159,7 +159,7 @@ def test_the_service_stages_batches_in_pinned_memory_and_moves_them_to_the_devic
             want = module(torch.from_numpy(x).to(device)).float().cpu().numpy()
         got = np.asarray(answer["outputs"], dtype=np.float32)
         np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * max(1.0, float(abs(want).max())))
-    buffer = entry.batcher._buffer[0]  # noqa: SLF001 - the staging buffer is what is tested
+    buffer = entry.batcher.stage.buffer
     assert buffer.device.type == "cpu"
     cuda_only(device, "pinned host memory for the batch's transfer")
     assert buffer.is_pinned()

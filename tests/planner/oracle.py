@@ -8,8 +8,8 @@ samples waiting at its input, or opens a block phase of c samples, exactly as do
 model of memory says; where the profile measured ONNX Runtime, a move may also be one call
 of it on c samples through consecutive children of one series (a block whole), with nothing
 waiting between them: it costs its units' times inside the run plus the call (read here from
-the profile's meta, as the executor pays it), and needs what ``run_internal`` says the runtime
-holds inside and the run's output. Dijkstra over moves gives the least total cost to bring all
+the profile's meta, as the executor pays it), and needs what ``held_inside_bound`` says the
+runtime holds inside and the run's output. Dijkstra over moves gives the least total cost to bring all
 r samples to the output within the budget. Exponential: only for tiny instances (tests).
 """
 
@@ -22,7 +22,7 @@ import math
 from dataclasses import replace
 
 from core.program import Step
-from core.runs import run_internal
+from core.runs import held_inside_bound
 from core.tree import Layer, Measured, Parallel, Profile, Series, fold_order, iter_layers, \
     iter_nodes
 
@@ -168,7 +168,7 @@ def _moves(chain: _Chain, state, outside: int, budget: int, objective: str):
                 continue  # a run's units take what the one before made, nothing else
             nodes = chain.units[i:j + 1]
             for c in range(1, counts[i] + 1):
-                need = held + run_internal(nodes, c, chain.rts.name) + nodes[-1].out_bytes * c
+                need = held + held_inside_bound(nodes, c, chain.rts.name) + nodes[-1].out_bytes * c
                 if need > budget:
                     continue
                 new = list(counts)

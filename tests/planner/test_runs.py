@@ -11,7 +11,7 @@ from core.errors import InvalidProgramError, TableFormatError
 from core.walk import account, layout
 from planner.solver.pricing import Pricing
 from core.program import Step
-from core.runs import CallCost, TreeIndex, run_internal
+from core.runs import CallCost, TreeIndex, held_inside_bound
 from planner.solver.simulate import simulate
 from core.table import PlanTable
 from planner.solver.tables import build_table
@@ -84,14 +84,14 @@ def test_what_a_run_holds_inside_its_runtime_and_what_the_executor_allocates() -
     program = steps(("A", 2), ("B", 2), ("C", 2))
     runs = {0: 2}
     # inside: B's input and output (A's and C's are the walk's) and its workspace, the most
-    inside = run_internal(CHAIN.children, 2, ORT)
+    inside = held_inside_bound(CHAIN.children, 2, ORT)
     assert inside == max(0 + 2 + 4, 2 + 2 + 4, 2 + 0 + 4)
     # the executor allocates the run's output (the request is its caller's)
     assert account(CHAIN, program, 2, runs=runs, inside=False).peak == 2
     assert account(CHAIN, program, 2, runs=runs).peak == inside + 2
     # a block inside: the fork and every branch output at the join (2 bytes a sample, a
     # workspace of 2 a sample)
-    assert run_internal(BLOCK.children, 2, ORT) == max(
+    assert held_inside_bound(BLOCK.children, 2, ORT) == max(
         0 + 4 + 4,                     # stem: its output, its workspace
         4 + 4 + max(0 + 4 + 4, 4),     # blk: fork, join; a1: its output (the branch's), ws
         4 + 0 + 4)                     # head: its input, its workspace

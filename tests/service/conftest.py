@@ -29,7 +29,7 @@ from fastapi import FastAPI
 from service.settings import Settings
 from service.grpc_server import UvicornServer
 from service.fast.protocol import http_protocol
-from service.registry import ModelEntry
+from service.entry import ModelEntry
 
 TINY = "tiny=tests.planner.factories:two_layer@3x8x8"
 TINY_SHAPE = (3, 8, 8)

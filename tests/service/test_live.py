@@ -9,7 +9,7 @@ import pytest
 from planner.solver.synthetic import chain_like
 from planner.solver.tables import build_table
 from service import live as live_module
-from service.batcher import Outcome, Timing
+from service.batch_stage import Outcome, Timing
 from service.live import Live
 from service.metrics import Metrics
 from workers.worker import Choice, RunInfo

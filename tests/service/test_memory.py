@@ -145,7 +145,7 @@ def test_three_models_at_once_share_the_memory_without_overrun(settings: Setting
                 for task in (first, second):
                     r = await task
                     assert r.status_code == 200, r.text
-                await wait_until(lambda: registry.arbiters["cpu"].leased == 0, what="leases back")
+                await wait_until(lambda: registry.memory.sharing()["leased_bytes"] == 0, what="leases back")
 
     run(main(), timeout_s=300)
 

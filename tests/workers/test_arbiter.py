@@ -306,7 +306,7 @@ def _worker(name: str, arbiter: Arbiter, demand: dict[str, int]) -> Worker:
     cap = capture(load_model(ModelSpec(name, input_shape=(3, 32, 32))))
     profile = measure(cap, ProfileOptions(batch_max=4, repeats=1, warmup=0), progress=False)
     table = build_table(profile, slot_count=64)
-    worker = Worker(cap, table, MemoryProbe("cpu"), name=name, arbiter=arbiter,
+    worker = Worker(cap, table, MemoryProbe("cpu"), name=name, memory=arbiter,
                     lease_timeout_s=60)
     arbiter.register(name, lambda: worker.table, lambda: demand[name])
     return worker

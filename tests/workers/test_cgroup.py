@@ -12,6 +12,7 @@ import pytest
 from workers import cgroup
 from workers.cgroup import memory_mounts, own_groups, parse_limit, parse_meminfo, parse_stat, \
     read_cgroup
+from workers.device_memory import DeviceMemory
 from workers.memory import MemoryProbe, cgroup_free, cpu_free
 
 MiB = 2**20
@@ -166,12 +167,14 @@ def test_no_cgroup_files(tmp_path: Path) -> None:
     assert cpu_free(proc, tmp_path) == 20000000 * 1024
 
 
-def test_probe_reads_this_machine() -> None:
+def test_probe_reads_this_machine_and_the_owner_keeps_the_one_margin() -> None:
     assert cpu_free() > 0
-    probe = MemoryProbe("cpu", limit=10_000_000, margin=1_000_000)
-    assert probe.free() == 9_000_000  # this machine has far more than 10 MB free
-    probe.limit = 500_000
-    assert probe.free() == 0
+    probe = MemoryProbe("cpu", limit=10_000_000)
+    assert probe.free() == 10_000_000  # this machine has far more than 10 MB free
+    memory = DeviceMemory("cpu", limit=10_000_000, margin=1_000_000, read=lambda: None)
+    assert memory.plan_free() == 9_000_000 and memory.margin() == 1_000_000
+    memory.probe.limit = 500_000
+    assert memory.plan_free() == 0
 
 
 def test_files_read_before_each_batch_stay_open_and_show_what_is_there_now(tmp_path: Path

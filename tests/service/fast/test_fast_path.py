@@ -25,13 +25,17 @@ from starlette.exceptions import HTTPException
 from service.settings import Settings
 from planner.solver.tables import build_table
 from core.tree import Layer, Profile
-from service import codecs, errors, serving
+from planner.families import build_preprocess
+from service import errors, serving
 from service.deps import InferQuery, inference_call
 from service.errors import UnavailableError, field_error
 from service.fast.app import FastPathApp
 from service.fast.route import LeanRoute
 from service.main import create_app
 from service.metrics import Metrics, RequestMetricsMiddleware
+from service.wire.npy import decode_npy
+from service.wire.raw import decode_raw
+from service.wire.v2 import parse_v2, v2_tensor
 from workers.worker import Worker
 from tests.service.conftest import (TINY_SHAPE, Gate, ServerThread, assert_close, reference, run,
                                     running,
@@ -51,20 +55,20 @@ def npy(x: np.ndarray) -> bytes:
 def test_binary_bodies_are_read_in_place() -> None:
     x = x_(3, 0)
     body = npy(x)
-    got = codecs.decode_npy(body, TINY_SHAPE, 16)
+    got = decode_npy(body, TINY_SHAPE, 16)
     assert np.array_equal(got, x) and np.shares_memory(got, np.frombuffer(body, np.uint8))
     raw = x.tobytes()
-    got = codecs.decode_raw(raw, TINY_SHAPE, 16, shape_text=None, dtype_text="float32")
+    got = decode_raw(raw, TINY_SHAPE, 16, shape_text=None, dtype_text="float32")
     assert np.array_equal(got, x) and np.shares_memory(got, np.frombuffer(raw, np.uint8))
     head = (b'{"inputs":[{"name":"x","shape":[3,3,8,8],"datatype":"FP32",'
             b'"parameters":{"binary_data_size":%d}}]}' % len(raw))
     v2 = head + raw
-    got = codecs.v2_tensor(codecs.parse_v2(v2, str(len(head))), TINY_SHAPE, 16)
+    got = v2_tensor(parse_v2(v2, str(len(head))), TINY_SHAPE, 16)
     assert np.array_equal(got, x) and np.shares_memory(got, np.frombuffer(v2, np.uint8))
     # A big-endian or Fortran-ordered array is made native and C-ordered (a copy, then)
-    swapped = codecs.decode_npy(npy(x.astype(">f4")), TINY_SHAPE, 16)
+    swapped = decode_npy(npy(x.astype(">f4")), TINY_SHAPE, 16)
     assert swapped.dtype.isnative and np.array_equal(swapped, x)
-    fortran = codecs.decode_npy(npy(np.asfortranarray(x)), TINY_SHAPE, 16)
+    fortran = decode_npy(npy(np.asfortranarray(x)), TINY_SHAPE, 16)
     assert fortran.flags.c_contiguous and np.array_equal(fortran, x)
 
 
@@ -107,7 +111,7 @@ def test_a_request_that_finds_the_model_idle_goes_to_it_from_submit(
             batcher, gate = entry.batcher, Gate(entry)
             first = asyncio.create_task(batcher.submit(x_(1, 0)))
             await asyncio.sleep(0)  # one turn: ``first`` runs up to its await, the loop not
-            assert batcher.running and batcher.waiting == 0 and batcher._queue.empty()
+            assert batcher.running and batcher.waiting == 0 and batcher.queue.items.empty()
             await asyncio.wait_for(gate.entered.wait(), 30)
             xs = [x_(1, s) for s in (1, 2)]
             rest = [asyncio.create_task(batcher.submit(x)) for x in xs]
@@ -154,11 +158,11 @@ def test_one_buffer_per_batch_and_views_of_the_output(make_settings: Callable[..
             xs = [x_(1, 10), x_(2, 11)]
             both = [asyncio.create_task(batcher.submit(x)) for x in xs]
             await asyncio.sleep(0)  # both queued before the gate opens
-            buffer = batcher._buffer
+            buffer = batcher.stage.buffer
             gate.open()
             outcomes = [await t for t in both]
             await held
-            assert batcher._buffer is buffer  # reused, not allocated per batch
+            assert batcher.stage.buffer is buffer  # reused, not allocated per batch
             assert outcomes[0].batch_samples == 3
             for x, o in zip(xs, outcomes):
                 np.testing.assert_allclose(o.y, reference(entry, x), rtol=1e-4, atol=1e-5)
@@ -213,13 +217,13 @@ def test_at_most_two_thread_hops_per_request(make_settings: Callable[..., Settin
         async with running(app) as client:
             entry = app.state.registry.entries["tiny"]
             runs = []
-            real_infer = entry.batcher._infer
+            real_run = entry.batcher.stage.run
 
             def infer(batch: Any) -> Any:
                 runs.append(threading.get_ident())
-                return real_infer(batch)
+                return real_run(batch)
 
-            entry.batcher._infer = infer  # type: ignore[method-assign]
+            entry.batcher.stage.run = infer  # type: ignore[method-assign]
             x = x_(2, 3)
             r = await client.post("/infer", content=npy(x),
                                   headers={"Content-Type": "application/x-npy"})
@@ -232,17 +236,17 @@ def test_at_most_two_thread_hops_per_request(make_settings: Callable[..., Settin
 
 def test_all_torch_work_of_a_cpu_service_runs_on_one_thread(
         make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Loading and every batch: one OpenMP team in the process (see service.registry)."""
-    from service.registry import Registry
+    """Loading and every batch: one OpenMP team in the process (see service.loading)."""
+    from service.loading import ModelLoader
 
     threads: list[int] = []
-    real = Registry._prepare
+    real = ModelLoader._prepare
 
-    def prepare(self: Registry, entry: Any) -> None:
+    def prepare(self: ModelLoader, entry: Any) -> None:
         threads.append(threading.get_ident())
         real(self, entry)
 
-    monkeypatch.setattr(Registry, "_prepare", prepare)
+    monkeypatch.setattr(ModelLoader, "_prepare", prepare)
     app = create_app(make_settings(models=["tiny=tests.planner.factories:two_layer@3x8x8",
                                            "other=tests.planner.factories:two_layer@3x8x8"]))
 
@@ -269,7 +273,7 @@ def test_image_preprocessing_is_torchvision_s_without_torch() -> None:
     """The weights' transforms, computed with Pillow and numpy: bit-exact."""
     rng = np.random.default_rng(5)
     image = Image.fromarray(rng.integers(0, 256, (300, 420, 3), dtype=np.uint8))
-    pre, mode = codecs.build_preprocess("resnet50", (3, 224, 224))
+    pre, mode = build_preprocess("resnet50", (3, 224, 224))
     weights = torchvision.models.get_model_weights("resnet50").DEFAULT
     assert mode == "RGB"
     assert np.array_equal(pre(image), weights.transforms()(image).numpy())
@@ -299,17 +303,17 @@ async def _with_costs(app: Any, fixed_s: float, per_sample_s: float = 1e-3) -> A
                     entry.worker.probe)
     entry.worker = entry.batcher.worker = worker
     await entry.batcher.submit(x_(1, 0))
-    if entry.batcher.follow_up > 0:  # (turned off, the batcher reads no times at all)
+    if entry.batcher.policy.follow_up > 0:  # (turned off, the batcher reads no times at all)
         expected = worker.table.times_within(worker.allowance())
-        await wait_until(lambda: entry.batcher._times == expected,
+        await wait_until(lambda: entry.batcher.policy.times == expected,
                          what="the new table's times read")
     return entry.batcher
 
 
 def _just_answered(batcher: Any, samples: int, ago_s: float = 0.0) -> None:
     """As if a batch of ``samples`` was answered ``ago_s`` seconds ago, none of its clients back."""
-    batcher._last = (samples, time.perf_counter() - ago_s)
-    batcher._since_last = 0
+    batcher.policy.last = (samples, time.perf_counter() - ago_s)
+    batcher.policy.since_last = 0
 
 
 @pytest.mark.parametrize("fixed_s", [30.0])
@@ -322,7 +326,8 @@ def test_the_batcher_waits_for_the_last_batch_s_clients_when_the_table_says_it_p
     async def main() -> None:
         async with running(app):
             batcher = await _with_costs(app, fixed_s)
-            assert batcher._times[1] * 2 - batcher._times[2] == pytest.approx(2 * fixed_s)
+            times = batcher.policy.times
+            assert times[1] * 2 - times[2] == pytest.approx(2 * fixed_s)
             _just_answered(batcher, 2)
             a = asyncio.create_task(batcher.submit(x_(1, 1)))
             await wait_until(lambda: batcher.waiting == 0, what="the first request taken")
@@ -352,13 +357,14 @@ def test_the_batcher_runs_at_once_when_waiting_cannot_pay(
         async with running(app):
             if case == "small saving":
                 batcher = await _with_costs(app, 1.0, per_sample_s=30.0)
-                assert 0 < 2 * batcher._times[1] - batcher._times[2] < 0.1 * batcher._times[2]
+                times = batcher.policy.times
+                assert 0 < 2 * times[1] - times[2] < 0.1 * times[2]
             else:
                 batcher = await _with_costs(app, 0.0 if case == "no saving" else 30.0)
             _just_answered(batcher, 1 if case == "single client" else 2,
                            ago_s=3600.0 if case == "long ago" else 0.0)
             outcome = await asyncio.wait_for(batcher.submit(x_(1, 1)), 20)
-            assert outcome.batch_samples == 1 and outcome.queue_s < 1
+            assert outcome.batch_samples == 1 and outcome.timing.queue_s < 1
 
     run(main())
 

@@ -1,15 +1,15 @@
 """The benchmark helpers run and check what they time (no timing is asserted: benchmarks are
-commands, see ``python -m planner.solver.bench``)."""
+commands, see ``python -m planner.solver.build_times``)."""
 
 from __future__ import annotations
 
-from planner.solver.bench import bench, plain_vs_fast
+from planner.solver.build_times import plain_vs_fast, time_builds
 from planner.solver.synthetic import chain_like, googlenet_like
 
 
-def test_bench_rows_on_tiny_cases():
-    rows = bench([("tiny-tree", googlenet_like(3, seed=5)), ("tiny-chain", chain_like(5, 3))],
-                 solvers=("vbs",))
+def test_build_time_rows_on_tiny_cases():
+    rows = time_builds([("tiny-tree", googlenet_like(3, seed=5)), ("tiny-chain", chain_like(5, 3))],
+                       solvers=("vbs",))
     assert [r.case for r in rows] == ["tiny-tree", "tiny-chain"]
     assert all(r.plans > 0 and r.table_bytes > 0 and r.dp_s >= 0 for r in rows)
     assert rows[0].blocks == 9 and rows[1].units == 5

@@ -1,13 +1,13 @@
 """Time plan-table builds on synthetic trees; compare plain Python with the numba kernels.
 
-    python -m planner.solver.bench [--quick] [--repeat N] [--profile FILE ...] [--markdown]
+    python -m planner.solver.build_times [--quick] [--repeat N] [--profile FILE ...] [--markdown]
 
 Prints one row per case and solver: units, blocks, B, slots, the DP alone, the full table
 build (the DP again, then every candidate program laid out and the frontier kept: it contains
 a DP, so it takes longer), plans kept, serialised size, DP memory. With ``--repeat N`` every
 (case, solver) is timed N times, interleaved round-robin so drift hits all alike, and the
 median is shown with the range. Then the plain-Python recurrences against the fast kernels on
-one small instance (same values, checked). ``bench()`` returns the rows for callers.
+one small instance (same values, checked). ``time_builds()`` returns the rows for callers.
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ def _warm() -> None:
     build_table(googlenet_like(4), solver="vbs", slot_count=8)
 
 
-def bench(cases: list[tuple[str, Profile]] | None = None, solvers: tuple[str, ...] = ("vbs", "paper"),
-          repeat: int = 1) -> list[BenchRow]:
+def time_builds(cases: list[tuple[str, Profile]] | None = None,
+                solvers: tuple[str, ...] = ("vbs", "paper"), repeat: int = 1) -> list[BenchRow]:
     """Time the DP alone and the whole table build for every case and solver, ``repeat``
     rounds interleaved; medians with their ranges."""
     import statistics
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.profile:
         measured = load_profile(path)
         cases.append((f"{measured.meta.get('model', path)} (measured)", measured))
-    rows = bench(cases, repeat=max(1, args.repeat))
+    rows = time_builds(cases, repeat=max(1, args.repeat))
     if args.markdown:
         print("| tree | solver | units | blocks | B | slots | DP (s) | full table (s) | plans kept "
               "| serialised (bytes) | DP memory (MB) |")

@@ -1,6 +1,6 @@
 """How long profiling takes, how much a grid of batch sizes loses, and how noisy timing is.
 
-    python -m planner.profiling.bench --model resnet50 --model googlenet --batch-max 16
+    python -m planner.profiling.grid_vs_full --model resnet50 --model googlenet --batch-max 16
 
 For each model: two full profiles (every b = 1..B) and one grid profile, all uncached and
 timed. The interpolation error is measured inside ONE full profile: the times at the grid's

@@ -371,7 +371,7 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-if __name__ == "__main__":  # python -m workers.bench FILE.json ...: the Markdown of saved runs
+if __name__ == "__main__":  # python -m workers.plans_measured FILE.json ...: the Markdown of saved runs
     import sys
 
     for path in sys.argv[1:]:

@@ -1,0 +1,140 @@
+"""The one owner of a device's memory (``workers.device_memory``) on a recorded cgroup: what it
+answers to "may this request in" (a ticket, not now, never: ``RequestTooLargeError`` naming
+the limit) and to "what may this plan use" (what the ledger leaves, less the reserve, never
+more than the group's headroom), with one margin, holds given back when both the request and
+its samples are done, and the sizes it plans with taken from the tables registered with it."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from core.errors import RequestTooLargeError
+from tests.workers.cgroups import IDLE, LIMIT, MiB, Recorded, table_of
+from workers.device_memory import MARGIN_SHARE, MIN_MARGIN, DeviceMemory
+from workers.ledger import GROWTH, RESERVE_SHARE
+
+NEED = 16 * MiB  # a one-sample plan
+MARGIN = 32 * MiB
+
+
+@pytest.fixture
+def recorded(tmp_path: Path) -> Recorded:
+    return Recorded(tmp_path)
+
+
+def _memory(recorded: Recorded, want: int | None = None, margin: int = MARGIN) -> DeviceMemory:
+    memory = DeviceMemory("cpu", margin=margin, read=recorded.read, trim=lambda: None)
+    table = table_of(NEED, want)
+    memory.register("m", lambda: table, lambda: 0)
+    return memory
+
+
+def test_without_a_limit_nothing_is_counted(recorded: Recorded) -> None:
+    (recorded.group / "memory.max").write_text("max\n")
+    memory = _memory(recorded)
+    assert not memory.counts_requests
+    assert memory.admit("m", 10 * LIMIT).token == 0  # type: ignore[union-attr]  # nothing held
+    report = memory.report()
+    assert report.limit_bytes is None and report.plans_may_use_bytes is None
+
+
+def test_the_sizes_come_from_the_registered_tables(recorded: Recorded) -> None:
+    memory = _memory(recorded, want=64 * MiB)
+    assert memory.one_sample_bytes("m") == NEED and memory.working_bytes("m") == 64 * MiB
+    big = table_of(2 * NEED)
+    memory.register("big", lambda: big, lambda: 0)
+    assert memory.one_sample_bytes(None) == 2 * NEED  # the largest of the models
+    assert memory.one_sample_bytes("unknown") == 2 * NEED
+
+
+def test_one_margin_in_one_place(recorded: Recorded) -> None:
+    assert _memory(recorded).margin(LIMIT) == MARGIN  # configured: everywhere
+    unset = _memory(recorded, margin=0)
+    assert unset.margin(LIMIT) == max(MIN_MARGIN, LIMIT // MARGIN_SHARE)  # under a limit
+    assert unset.margin() == 0  # no limit, none configured
+
+
+def test_too_large_for_an_idle_server_is_refused_naming_the_limit(recorded: Recorded) -> None:
+    memory = _memory(recorded)
+    capacity = LIMIT - IDLE - MARGIN
+    most = capacity - int(GROWTH * NEED)  # a one-sample plan grows the group by GROWTH x
+    with pytest.raises(RequestTooLargeError, match=f"{LIMIT} bytes on cgroup /pod/ctr"):
+        memory.admit("m", most + 1)
+    assert memory.report().refused_too_large == 1
+    ticket = memory.admit("m", most)  # exactly fits
+    assert ticket is not None and memory.report().held_bytes == most
+
+
+def test_requests_leave_the_plans_their_working_bytes(recorded: Recorded) -> None:
+    """Where a batch runs at working speed only with WANT bytes (more than a one-sample
+    plan's), requests are admitted only while the plans keep them: a request decoded early
+    gains nothing and would leave the batch one-sample plans."""
+    want = 64 * MiB
+    memory = _memory(recorded, want=want)
+    capacity = LIMIT - IDLE - MARGIN
+    hold = (capacity - int(GROWTH * want)) // 2  # two fit beside the working plans, exactly
+    first, second = memory.admit("m", hold), memory.admit("m", hold)
+    assert first is not None and second is not None
+    assert memory.admit("m", MiB) is None  # a third, however small, would eat into them
+    assert memory.plan_free() >= want
+    memory.done(first)
+    memory.done(second)
+    # a request too large to leave the working bytes still runs, on what is left
+    alone = capacity - int(GROWTH * NEED)
+    assert memory.admit("m", alone) is not None and memory.plan_free() >= NEED
+
+
+def test_the_live_group_counts_too(recorded: Recorded) -> None:
+    """The ledger has room, but the group's working set (something the ledger does not know
+    of) leaves none: not now."""
+    memory = _memory(recorded)
+    recorded.use(LIMIT - MARGIN - NEED)
+    assert memory.admit("m", MiB) is None
+
+
+def test_a_hold_lasts_while_its_samples_live(recorded: Recorded) -> None:
+    memory = _memory(recorded)
+    ticket = memory.admit("m", 3 * MiB)
+    x = np.zeros(MiB // 4, np.float32)
+    memory.resize(ticket, 2 * MiB)  # decoded: what it holds, at least what it was admitted for
+    assert memory.report().held_bytes == 3 * MiB
+    memory.keep(ticket, x)
+    memory.done(ticket)  # answered, but a batch still holds the samples
+    assert memory.report().requests == 1
+    del x
+    gc.collect()
+    assert memory.report().requests == 0 and memory.report().held_bytes == 0
+
+
+def test_plans_get_what_is_left_less_the_reserve(recorded: Recorded) -> None:
+    memory = _memory(recorded)
+    capacity = LIMIT - IDLE - MARGIN
+    assert memory.ceiling() == int(capacity / GROWTH)
+
+    def expected(held: int, in_group: int) -> int:
+        """The ledger's room less the reserve, or the group's headroom less what is coming
+        and a quarter of the margin, whichever is less, over what a plan grows the group by."""
+        room = capacity - held
+        reserve = max(0, min(capacity // RESERVE_SHARE, room - int(GROWTH * NEED)))
+        headroom = LIMIT - in_group - (held if in_group == IDLE else 0) - MARGIN // 4
+        return int(min(room - reserve, headroom) / GROWTH)
+
+    assert memory.plan_free() == expected(0, IDLE)
+    ticket = memory.admit("m", 100 * MiB)
+    # the request's bytes are not the plans': held in the ledger, unread in the group
+    assert memory.plan_free() == expected(100 * MiB, IDLE)
+    memory.resize(ticket, 100 * MiB)  # read: in the group now
+    recorded.use(IDLE + 100 * MiB)
+    assert memory.plan_free() == expected(100 * MiB, IDLE + 100 * MiB)
+    # the group grew beyond the ledger (an allocator's pool): plans get less, by the reading
+    recorded.use(LIMIT - 2 * MARGIN)
+    assert memory.plan_free() == int((2 * MARGIN - MARGIN // 4) / GROWTH)
+    memory.done(ticket)
+    # a configured cap applies on top, and the budget the worker leases from is this
+    memory.probe.limit = 10 * MiB
+    recorded.use(IDLE)
+    assert memory.plan_free() == 10 * MiB == memory.budget()

@@ -1,0 +1,195 @@
+"""The one owner of a device's memory: what may a request hold, and what may a plan use.
+
+Everything that takes memory on a device is counted here, behind a small interface (as
+vLLM's ``KVCacheManager`` owns its blocks): the device's free memory (``MemoryProbe``: the
+driver's or the cgroup's reading, a configured cap, what the unit runtimes keep of the
+allocator's cache), the one margin kept back for all that is not a plan, the requests' holds
+and the idle working set under a cgroup limit (``RequestLedger``), and the plans' leases
+and shares among the models (``Arbiter``). It answers two questions:
+
+- **may this request in** (``admit``: a ticket, None for "not now", ``RequestTooLargeError``
+  for "never"), and what it holds until answered (``resize``, ``keep``, ``done``);
+- **what may this plan use** (``allowance``, ``acquire``/``release`` of a lease: the worker
+  reads nothing else).
+
+The sizes it plans with (a model's one-sample plan, its working bytes) come from the tables
+registered with it (``register``), so no caller hands it callbacks. The HTTP edge of
+admission (the estimate of a body's hold from its Content-Length, the line of requests
+waiting for room, 413 and 503 with Retry-After) is the service's (``service.admission``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from core.table import PlanTable
+from workers.arbiter import Arbiter, ArbiterListener, Lease, Sized, Snapshot
+from workers.cgroup import CgroupMemory, read_cgroup
+from workers.ledger import LedgerReport, RequestLedger, Ticket
+from workers.memory import MemoryProbe
+from workers.shares import working_bytes
+
+MIN_MARGIN = 16 * 2**20  # kept back under a cgroup limit for Python, the HTTP stack and answers
+MARGIN_SHARE = 32        # ... or 1/MARGIN_SHARE of the limit, whichever is more
+
+P = TypeVar("P", bound=Sized)
+
+
+class DeviceMemory:
+    """The memory of one device (``cpu``, ``cuda:0``): see the module doc.
+
+    ``limit`` caps what plans may use whatever the device has free (0: no cap); ``margin``
+    is kept back from plans (0 under a cgroup limit: ``MIN_MARGIN`` or 1/``MARGIN_SHARE`` of
+    the limit, whichever is more); ``sharing``, ``serial`` and ``listener`` are the arbiter's
+    (``workers.arbiter``); ``read`` and ``trim`` the ledger's reading of the cgroup and its
+    allocator trim (tests give recorded ones).
+    """
+
+    def __init__(self, device: str, *, limit: int = 0, margin: int = 0,
+                 sharing: str = "arbiter", serial: bool = False,
+                 listener: ArbiterListener | None = None,
+                 read: Callable[[], CgroupMemory | None] = read_cgroup,
+                 trim: Callable[[], None] | None = None) -> None:
+        self.device = device
+        self.probe = MemoryProbe(device, limit=limit)
+        self._margin = margin
+        self._ledger = RequestLedger(self._leased, self.one_sample_bytes, self.working_bytes,
+                                     self.margin, read=read, trim=trim)
+        # requests are counted only on a CPU under a cgroup memory limit, where the kernel
+        # kills the process; elsewhere the ledger only reports the group
+        self.ledger = self._ledger if device == "cpu" and self._ledger.active else None
+        self.arbiter = Arbiter(device, self.plan_free, mode=sharing, serial=serial,
+                               ceiling=self.ceiling if self.ledger is not None else None,
+                               listener=listener)
+
+    def _leased(self) -> int:
+        return self.arbiter.leased
+
+    # ------------------------------------------------------------------ the one margin
+
+    def margin(self, limit: int | None = None) -> int:
+        """What is kept back from plans: the configured margin, or under a cgroup limit of
+        ``limit`` bytes, when none is configured, ``MIN_MARGIN`` or 1/``MARGIN_SHARE`` of it."""
+        if limit is None:
+            return self._margin
+        return self._margin or max(MIN_MARGIN, limit // MARGIN_SHARE)
+
+    # ------------------------------------------------------------------ what plans may use
+
+    def plan_free(self) -> int:
+        """Bytes free for plans now, all models together (the arbiter's budget reads it)."""
+        reading = self.ledger.reading() if self.ledger is not None else None
+        if reading is None:
+            return max(0, self.probe.free() - self.margin())
+        free = self.ledger.plan_free(reading)  # type: ignore[union-attr]
+        return min(free, self.probe.limit) if self.probe.limit else free
+
+    def ceiling(self) -> int:
+        """The most plans could get with nothing held (under a cgroup limit): a batch whose
+        one-sample plan fits below it waits for memory, one above it never runs."""
+        reading = self.ledger.reading() if self.ledger is not None else None
+        if reading is None:
+            return self.plan_free()
+        most = self.ledger.ceiling(reading)  # type: ignore[union-attr]
+        return min(most, self.probe.limit) if self.probe.limit else most
+
+    def register(self, model: str, table: Callable[[], PlanTable], demand: Callable[[], int],
+                 *, weight: float = 1.0, minimum: int = 0) -> None:
+        """Count model ``model`` from now on: its plans lease from this device, its table
+        sizes its requests' room."""
+        self.arbiter.register(model, table, demand, weight=weight, minimum=minimum)
+
+    def one_sample_bytes(self, model: str | None = None) -> int:
+        """The bytes of ``model``'s one-sample plan (None or unknown: the largest of the
+        models registered; 0 when none is)."""
+        tables = self.arbiter.tables()
+        if model in tables:
+            return int(tables[model].min_peaks[0])
+        return max((int(t.min_peaks[0]) for t in tables.values()), default=0)
+
+    def working_bytes(self, model: str | None = None) -> int:
+        """The bytes at which ``model``'s batches run at working speed
+        (``workers.shares.working_bytes``; None or unknown: the largest; 0 when none)."""
+        tables = self.arbiter.tables()
+        if model in tables:
+            return working_bytes(tables[model])
+        return max((working_bytes(t) for t in tables.values()), default=0)
+
+    def budget(self) -> int:
+        """What plans may use now, all models together (reads the device)."""
+        return self.arbiter.budget()
+
+    def allowance(self, model: str) -> int:
+        """Bytes ``model``'s next batch may plan for: its share now."""
+        return self.arbiter.allowance(model)
+
+    def acquire(self, model: str, pick: Callable[[int], P | None], *, need: int,
+                timeout_s: float) -> Lease[P]:
+        """A lease for ``model``'s next piece (``workers.arbiter.Arbiter.acquire``)."""
+        return self.arbiter.acquire(model, pick, need=need, timeout_s=timeout_s)
+
+    def release(self, lease: Lease[Any]) -> None:
+        """Return a lease."""
+        self.arbiter.release(lease)
+
+    def shares(self) -> dict[str, int]:
+        """Every model's share of the last budget read."""
+        return self.arbiter.shares()
+
+    def sharing(self) -> dict[str, Any]:
+        """How the budget is shared now (the device is not read): the mode
+        (``workers.arbiter.MODES``), every model's share, what plans could use at the last
+        reading, and what is leased."""
+        arbiter = self.arbiter
+        return {"mode": arbiter.mode, "shares": arbiter.shares(),
+                "budget_bytes": arbiter.last_budget, "leased_bytes": arbiter.leased}
+
+    # ------------------------------------------------------------------ what requests hold
+
+    @property
+    def counts_requests(self) -> bool:
+        """Whether requests are admitted against a ledger (a cgroup memory limit applies)."""
+        return self.ledger is not None
+
+    def admit(self, model: str | None, hold: int, what: str = "request") -> Ticket | None:
+        """A place for a request that will hold about ``hold`` bytes: a ticket, or None when
+        there is no room now; RequestTooLargeError when there never is. Without a ledger,
+        nothing is counted: a ticket that holds nothing."""
+        if self.ledger is None:
+            return Ticket(0, model)
+        return self.ledger.admit(model, hold, what)
+
+    def refused(self) -> str:
+        """A request waited for room in vain (counted); what holds the memory, in words."""
+        return self.ledger.refused_busy() if self.ledger is not None else "nothing"
+
+    def resize(self, ticket: Ticket | None, hold: int) -> None:
+        if self.ledger is not None:
+            self.ledger.resize(ticket, hold)
+
+    def keep(self, ticket: Ticket | None, data: object) -> None:
+        if self.ledger is not None:
+            self.ledger.keep(ticket, data)
+
+    def done(self, ticket: Ticket | None) -> None:
+        """The request has been answered (or refused): see ``RequestLedger.release``."""
+        if self.ledger is not None:
+            self.ledger.release(ticket)
+
+    def rebase(self) -> None:
+        """Read what stays when nothing is held (after a model loads: its weights, buffers)."""
+        if self.ledger is not None:
+            self.ledger.rebase()
+
+    # ------------------------------------------------------------------ reports
+
+    def report(self) -> LedgerReport:
+        """The memory under the limit (held, leased, what plans may use), for ``/models``."""
+        if self.ledger is None:
+            return self._ledger.report(None, self.margin(), counting=False)
+        return self.ledger.report(self.plan_free(), self.margin())
+
+    def snapshot(self) -> Snapshot:
+        """The arbiter's state: budget, shares, leases, waits (``GET /models``)."""
+        return self.arbiter.snapshot()
