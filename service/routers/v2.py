@@ -3,6 +3,8 @@
 ``POST /v2/models/{name}/infer`` takes JSON tensors or the binary tensor extension
 (``Inference-Header-Content-Length``); a single-input model accepts any input name. The
 response's ``parameters`` name the plan that ran the batch and the time queued and running.
+``GET /v2/models/{name}/config`` answers as Triton's model configuration extension does, so
+Triton's own tools (perf_analyzer reads ``max_batch_size`` and the inputs' dims) can drive it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from service.wire.v2 import OUTPUT_NAME, V2_OF_DTYPE
 
 router = APIRouter(prefix="/v2", tags=["open inference protocol v2"])
 SERVER_NAME = "vbs-serve"
-EXTENSIONS = ["binary_tensor_data"]
+EXTENSIONS = ["binary_tensor_data", "model_configuration"]
 
 
 def server_metadata() -> dict[str, object]:
@@ -65,6 +67,27 @@ router.add_api_route("/health/ready", health.get_ready, methods=["GET"],
             responses=error_responses({**BAD_REQUEST, **NO_MODEL, **NOT_READY}))
 async def get_model(name: str, registry: RegistryDep) -> dict[str, object]:
     return model_metadata(registry.ready_entry(name))
+
+
+def model_config(entry: ModelEntry, max_delay_s: float) -> dict[str, object]:
+    """A ready model's configuration as Triton writes one (``config.pbtxt`` as JSON): the
+    largest batch its table plans, its tensors without the batch dimension, its batcher."""
+    datatype = "TYPE_" + V2_OF_DTYPE.get(entry.spec.dtype, "FP32")
+    kind = "KIND_GPU" if entry.spec.device.startswith("cuda") else "KIND_CPU"
+    return {"name": entry.name, "platform": "pytorch_vbs", "backend": "vbs",
+            "max_batch_size": entry.table.batch_max,
+            "input": [{"name": "input", "data_type": datatype, "format": "FORMAT_NONE",
+                       "dims": list(entry.input_shape)}],
+            "output": [{"name": OUTPUT_NAME, "data_type": "TYPE_FP32",
+                        "dims": list(entry.output_shape)}],
+            "dynamic_batching": {"max_queue_delay_microseconds": int(max_delay_s * 1e6)},
+            "instance_group": [{"name": f"{entry.name}_0", "kind": kind, "count": 1}]}
+
+
+@router.get("/models/{name}/config", summary="Model configuration (Triton's extension)",
+            responses=error_responses({**BAD_REQUEST, **NO_MODEL, **NOT_READY}))
+async def get_model_config(name: str, registry: RegistryDep) -> dict[str, object]:
+    return model_config(registry.ready_entry(name), registry.settings.max_batch_delay_ms / 1e3)
 
 
 @router.get("/models/{name}/ready", summary="Model readiness",

@@ -233,6 +233,20 @@ def test_v2_metadata_health_and_server(client: httpx.Client) -> None:
     assert_error(client.get("/v2/models/nope"), 404, "nope")
 
 
+def test_v2_model_config_as_triton_writes_it(client: httpx.Client) -> None:
+    """What Triton's tools read of a model (perf_analyzer: the largest batch, the inputs'
+    dims without the batch dimension and their data type), in Triton's field names."""
+    assert "model_configuration" in client.get("/v2").json()["extensions"]
+    config = client.get("/v2/models/tiny/config").json()
+    assert config["name"] == "tiny" and config["max_batch_size"] == 4
+    assert config["input"] == [{"name": "input", "data_type": "TYPE_FP32",
+                                "format": "FORMAT_NONE", "dims": [3, 8, 8]}]
+    assert config["output"] == [{"name": "output", "data_type": "TYPE_FP32", "dims": [4, 8, 8]}]
+    assert config["instance_group"][0]["kind"] == "KIND_CPU"
+    assert config["dynamic_batching"]["max_queue_delay_microseconds"] >= 0
+    assert_error(client.get("/v2/models/nope/config"), 404, "nope")
+
+
 def test_models_docs_and_openapi(client: httpx.Client) -> None:
     (model,) = client.get("/models").json()["models"]
     assert model["name"] == "tiny" and model["state"] == "ready"
