@@ -76,6 +76,16 @@ def run_node(capture: Capture, node: Node, x: torch.Tensor, around: Around | Non
     return out
 
 
+def run_nodes(capture: Capture, nodes: tuple[Node, ...], x: torch.Tensor, own: bool = False
+              ) -> torch.Tensor:
+    """Consecutive children of one series on all of ``x``, each one's output the next one's
+    to write into (``own``: the first may write into ``x`` too): a run, as one runtime call
+    computes it (eager torch's call, a CUDA graph's capture)."""
+    for i, node in enumerate(nodes):
+        x = run_node(capture, node, x, own=own or i > 0)
+    return x
+
+
 def run_reference(capture: Capture, x: torch.Tensor, batch: int | None = None) -> torch.Tensor:
     """``model(x)`` through the units, ``batch`` samples at a time (default: all at once)."""
     batch = batch or x.shape[0]

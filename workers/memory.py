@@ -91,6 +91,4 @@ class MemoryProbe:
 
     def free(self) -> int:
         free = self.device_free()
-        if self.limit:
-            free = min(free, self.limit)
-        return max(0, free)
+        return min(free, self.limit) if self.limit else free

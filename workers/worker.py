@@ -198,8 +198,8 @@ class Worker:
                     with gate:
                         self.runtime(name).prepare(nodes, steps[start].samples)
                 except OutOfMemoryError as exc:  # made when it first runs, if memory allows
-                    log.info("%s: %s not made ahead for %d samples: %s", self.name, name, r, exc)
-                    break
+                    log.info("%s: %s not made ahead: %s", self.name, name, exc)
+                    return
 
     def release(self) -> None:
         """Give back what every runtime keeps (the model is being unloaded)."""

@@ -31,7 +31,7 @@ from collections.abc import Callable
 import torch
 
 from core.errors import ExecutionError, OutOfMemoryError
-from core.runner import run_node
+from core.runner import run_nodes
 from core.runs import TreeIndex
 from core.runtimes import CUDAGRAPH
 from core.runtimes.base import RuntimeOptions
@@ -226,7 +226,7 @@ class GraphUnits:
         with torch.inference_mode():
             with torch.cuda.stream(stream):
                 for _ in range(WARMUP):
-                    self._compute(nodes, x)
+                    run_nodes(self.capture, nodes, x)
             torch.cuda.current_stream(self.device).wait_stream(stream)
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -235,17 +235,12 @@ class GraphUnits:
             # thread_local: other models' threads may use the device meanwhile
             with torch.cuda.graph(graph, pool=self._pool, stream=stream,
                                   capture_error_mode="thread_local"):
-                out = self._compute(nodes, x)
+                out = run_nodes(self.capture, nodes, x)
                 y.copy_(out)
                 del out  # back to the pool: nothing captured outlives its capture
             inner = max(0, torch.cuda.max_memory_allocated(self.device) - base)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         return graph, int(inner)
-
-    def _compute(self, nodes: tuple[Node, ...], x: torch.Tensor) -> torch.Tensor:
-        for i, node in enumerate(nodes):
-            x = run_node(self.capture, node, x, own=i > 0)
-        return x
 
     def _grow(self, in_bytes: int, out_bytes: int) -> None:
         """Static buffers for a larger run: the graphs captured read the old ones, so they

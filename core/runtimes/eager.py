@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from core.runner import run_node, run_unit
+from core.runner import run_nodes, run_unit
 from core.runtimes import TORCH
 from core.runtimes.base import RuntimeOptions
 from core.tree import Layer, Node
@@ -31,9 +31,7 @@ class EagerUnits:
              own: bool = False) -> torch.Tensor:
         if len(nodes) == 1 and isinstance(nodes[0], Layer):
             return run_unit(self.capture, nodes[0], x, in_place=own)
-        for i, node in enumerate(nodes):
-            x = run_node(self.capture, node, x, own=own or i > 0)
-        return x
+        return run_nodes(self.capture, nodes, x, own)
 
     @property
     def held_bytes(self) -> int:
