@@ -20,6 +20,10 @@ the server-side histograms are the HTTP path's, so over gRPC only the breakdown 
 carry and the client's side are printed ("outside the model, client side": each request's
 latency less its batch's run, p50).
 
+``--grpc on,off`` serves with the gRPC server on (the default of `vbs serve`) and with it off
+(``--grpc-port 0``) in turn within every round, and loads only HTTP: what serving gRPC beside
+HTTP costs an HTTP request (the "grpc" column).
+
 ``--trees`` serves from each of several checkouts in turn within every round (this one is
 ``.``; another may be a ``git worktree add /tmp/before <commit>`` of an earlier commit), so
 a change is compared side by side, interleaved, through the same noise.
@@ -86,17 +90,25 @@ def main() -> None:
                     help="vbs serve's, info as `make run` (with VBS_ACCESS_LOG=1 it prints a line a request)")
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "vbs-serve"))
     ap.add_argument("--protocol", default="http", help="http, grpc or both (http,grpc)")
+    ap.add_argument("--grpc", default="on",
+                    help="on, off or both (on,off): serve with the gRPC server on and/or off")
     add_trees_argument(ap)
     args = ap.parse_args()
     protocols = [p.strip() for p in args.protocol.split(",") if p.strip()]
     if not protocols or set(protocols) - {"http", "grpc"}:
         raise SystemExit(f"--protocol {args.protocol!r}: use http, grpc or http,grpc")
-    print("| round | tree | protocol | client latency p50 (ms) | queue p50 | input p50 | infer p50 | "
+    grpc_modes = [g.strip() for g in args.grpc.split(",") if g.strip()]
+    if not grpc_modes or set(grpc_modes) - {"on", "off"} or ("off" in grpc_modes
+                                                             and "grpc" in protocols):
+        raise SystemExit(f"--grpc {args.grpc!r}: use on, off or on,off (off only with "
+                         "--protocol http)")
+    print("| round | tree | grpc | protocol | client latency p50 (ms) | queue p50 | input p50 | infer p50 | "
           "output p50 | server rest p50 (mean) | rest <= 1 ms | server time outside the model "
           "p50 (ms) | receive p50 | outside the model, client side p50 (ms) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for k, tree in interleaved(args.rounds, args.trees):
-        grpc_port = free_port()
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for (k, tree), grpc_mode in ((t, g) for t in interleaved(args.rounds, args.trees)
+                                 for g in grpc_modes):
+        grpc_port = free_port() if grpc_mode == "on" else 0
         with vbs_serve(["--model", args.model, "--log-level", args.log_level, "--grpc-port",
                         str(grpc_port)],
                        {**os.environ, "VBS_CACHE_DIR": args.cache_dir}, root=tree) as (_, url):
@@ -111,10 +123,10 @@ def main() -> None:
                                                        duration_s=args.duration,
                                                        warmup_s=args.warmup))
                 after = httpx.get(f"{url}/metrics").text
-                _row(k, tree, protocol, args.model, summary, before, after)
+                _row(k, tree, grpc_mode, protocol, args.model, summary, before, after)
 
 
-def _row(k: int, tree: Path, protocol: str, model: str, summary: dict, before: str,
+def _row(k: int, tree: Path, grpc_mode: str, protocol: str, model: str, summary: dict, before: str,
          after: str) -> None:
     """One Markdown row: the answers' breakdown, and over HTTP the server's own histograms
     (its middleware's; gRPC has none of them)."""
@@ -135,7 +147,7 @@ def _row(k: int, tree: Path, protocol: str, model: str, summary: dict, before: s
         outside = p["queue"] + p["input"] + p["output"] + rest
         server = (f"{1e3 * rest:.2f} ({1e3 * mean:.2f}) | {100 * under / max(count, 1):.0f}% | "
                   f"{1e3 * outside:.2f} | {1e3 * receive:.2f}")
-    print(f"| {k} | {tree.name} | {protocol} | " + " | ".join(f"{v:.2f}" for v in ms)
+    print(f"| {k} | {tree.name} | {grpc_mode} | {protocol} | " + " | ".join(f"{v:.2f}" for v in ms)
           + f" | {server} | {1e3 * summary['overhead_p50_s']:.2f} |", flush=True)
 
 

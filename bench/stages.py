@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from service.settings import Settings  # noqa: E402
-from service import batcher, deps, serving  # noqa: E402
+from service import batcher, deps, finisher, serving  # noqa: E402
 from service.main import create_app  # noqa: E402
 from service.fast.protocol import HttpProtocol  # noqa: E402
 from service.routers import inference  # noqa: E402
@@ -94,13 +94,13 @@ def wrap_sync(owner: Any, name: str, before: str | None, after: str | None) -> N
 
 
 def instrument() -> None:
-    wrap_async(inference, "inference_call", "handler", None)
+    wrap_async(serving, "inference_call", "handler", None)
     wrap_async(deps, "read_body", "body", "body_end")
     wrap_async(serving, "decode_infer", None, "decoded")
     wrap_async(serving, "run", None, "resumed")
     wrap_sync(serving, "infer_response", None, "response")
     wrap_sync(batcher.Batcher, "_dispatch", "batch", None)
-    wrap_sync(batcher.Batcher, "_infer", "thread", "thread_end")
+    wrap_sync(finisher.BatchRuns, "_run", "thread", "thread_end")
     wrap_sync(batcher.Batcher, "_answer", "answered", None)
 
 

@@ -3,12 +3,14 @@ built-in ``c3d``, or ``pkg.module:factory``), its weights loaded, on its device 
 
 Models are built with random weights (no hub downloads); a weights file is a state_dict read
 with ``torch.load(..., weights_only=True)``. Every failure is a ModelError that says what
-was wrong and what to do.
+was wrong and what to do. ``sketch_model`` builds one on the meta device: what its weights
+take and its output shape, without the memory (a server weighs a model before it loads it).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -43,9 +45,9 @@ def _build(name: str) -> nn.Module:
     return model
 
 
-def _load_weights(model: nn.Module, path: Path) -> None:
+def _load_weights(model: nn.Module, path: Path, *, meta: bool = False) -> None:
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="meta" if meta else "cpu", weights_only=True)
     except FileNotFoundError as exc:
         raise ModelError(f"no weights file at {path}") from exc
     except Exception as exc:
@@ -54,20 +56,24 @@ def _load_weights(model: nn.Module, path: Path) -> None:
     if not isinstance(state, dict):
         raise ModelError(f"{path} holds a {type(state).__name__}, not a state_dict")
     try:
-        model.load_state_dict(state, strict=True)
+        model.load_state_dict(state, strict=True, assign=meta)
     except RuntimeError as exc:
         first = str(exc).splitlines()[0]
         raise ModelError(f"weights {path} do not fit the model: {first}") from exc
 
 
-def load_model(spec: ModelSpec) -> LoadedModel:
-    """Build the model, load its weights, and put it in eval mode on its device and dtype."""
+def _check(spec: ModelSpec) -> None:
     if spec.dtype not in DTYPES:
         raise UsageError(f"dtype {spec.dtype!r}: use one of {', '.join(DTYPES)}")
     if spec.device not in ("cpu", "cuda"):
         raise UsageError(f"device {spec.device!r}: use cpu or cuda")
     if spec.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("device cuda asked for, but torch sees no CUDA device; use --device cpu")
+
+
+def load_model(spec: ModelSpec) -> LoadedModel:
+    """Build the model, load its weights, and put it in eval mode on its device and dtype."""
+    _check(spec)
     model = _build(spec.name)
     if spec.weights is not None:
         _load_weights(model, spec.weights)
@@ -80,3 +86,37 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     for p in model.parameters():
         p.requires_grad_(False)
     return LoadedModel(spec=spec, module=model, input_shape=tuple(shape), torch_dtype=dtype)
+
+
+@dataclass(frozen=True)
+class ModelSketch:
+    """What a model is and what its weights take, known without loading it (``sketch_model``)."""
+
+    weights_bytes: int                   # parameters and buffers, in the spec's dtype
+    input_shape: tuple[int, ...]         # per sample
+    output_shape: tuple[int, ...] | None  # per sample; None when the model cannot run on meta
+
+
+def sketch_model(spec: ModelSpec, *, check_weights: bool = False) -> ModelSketch:
+    """The model built on the meta device (no memory, no weights read): what its weights take
+    and, from one pass on meta tensors, its output shape. With ``check_weights`` the weights
+    file is read on meta too and must fit the model (what ``load_model`` would refuse, refused
+    without the memory it takes: ModelError)."""
+    _check(spec)
+    with torch.device("meta"):
+        model = _build(spec.name)
+    if check_weights and spec.weights is not None:
+        _load_weights(model, spec.weights, meta=True)
+    shape = spec.input_shape or getattr(model, "input_shape", None) or \
+        family_of(spec.name).input_shape(spec.name)
+    size = DTYPES[spec.dtype].itemsize
+    tensors = [*model.parameters(), *model.buffers()]
+    weights = sum(t.numel() * (size if t.is_floating_point() else t.element_size())
+                  for t in tensors)
+    try:
+        with torch.no_grad():
+            y = model.eval()(torch.empty((1, *shape), device="meta"))
+        output: tuple[int, ...] | None = tuple(int(d) for d in y.shape[1:])
+    except Exception:  # noqa: BLE001 - an op without a meta kernel: known once loaded
+        output = None
+    return ModelSketch(int(weights), tuple(int(d) for d in shape), output)

@@ -25,13 +25,19 @@ Encoder = Callable[[np.ndarray], Any]  # a request's rows of the output -> its e
 
 @dataclass(frozen=True)
 class Timing:
-    """Where one request's time went on the server (seconds)."""
+    """Where one request's time went on the server (seconds).
+
+    Pipelined (``service.pipeline_stage``), ``run_s`` spans both threads, from the batch's
+    issue to its last encoding on the finisher's, its wait behind the batch before it
+    included; on CUDA ``infer_s`` and the transfers in ``output_s`` are the device's times,
+    read from the batch's CUDA events, not the host's time issuing them."""
 
     queue_s: float    # from submit to the start of its batch
     input_s: float    # decoding it (before submit) and copying it into the batch buffer
     infer_s: float    # the plan's run on the batch
     output_s: float   # the batch output to the host, and encoding its own rows
     run_s: float      # the batch on the worker thread, from its first copy to its last encoding
+    load_wait_s: float = 0.0  # waiting for its model to load, before it was queued (0: loaded)
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,22 @@ class Done:
                 for p, (y, encoded, copy_s, encode_s) in zip(batch, self.rows)]
 
 
+def host_buffer(worker: Worker, n: int) -> tuple[Any, np.ndarray]:
+    """A host buffer for n samples, at least the table's largest request (pinned on CUDA),
+    and a numpy view of it."""
+    import torch
+
+    loaded = worker.capture.model
+    # numpy has no bfloat16: such a batch is written as float32 and cast on the device
+    dtype = torch.float32 if loaded.torch_dtype == torch.bfloat16 else loaded.torch_dtype
+    buffer = torch.empty((max(n, worker.batch_max), *worker.capture.input_shape),
+                         dtype=dtype, pin_memory=loaded.device.type == "cuda")
+    # its pages now, not when the first full batch writes them: in the group's working set
+    # from the start, which the memory limit's ledger reads as what stays
+    buffer.numpy().fill(0)
+    return buffer, buffer.numpy()
+
+
 class BatchStage:
     """The batch buffer of one model's worker, and a batch's way through it (see the module
     doc). Used on the model's thread only."""
@@ -99,18 +121,8 @@ class BatchStage:
     def host(self, n: int) -> tuple[Any, np.ndarray]:
         """The reusable host buffer for n samples (pinned on CUDA), grown when a batch is
         larger, and a numpy view of it."""
-        import torch
-
         if self._buffer is None or self._buffer[0].shape[0] < n:
-            loaded = self.worker.capture.model
-            # numpy has no bfloat16: such a batch is written as float32 and cast on the device
-            dtype = torch.float32 if loaded.torch_dtype == torch.bfloat16 else loaded.torch_dtype
-            buffer = torch.empty((max(n, self.worker.batch_max), *self.worker.capture.input_shape),
-                                 dtype=dtype, pin_memory=loaded.device.type == "cuda")
-            # its pages now, not when the first full batch writes them: in the group's working
-            # set from the start, which the memory limit's ledger reads as what stays
-            buffer.numpy().fill(0)
-            self._buffer = (buffer, buffer.numpy())
+            self._buffer = host_buffer(self.worker, n)
         return self._buffer
 
     def _write(self, batch: Sequence[Rows], host: np.ndarray
@@ -164,12 +176,12 @@ class BatchStage:
             y = y.clone()  # a model that returns its input: the buffer is reused next batch
         out = y.numpy()
         t4 = time.perf_counter()
-        rows = _encoded(batch, out, copies, refused)
+        rows = encode_rows(batch, out, copies, refused)
         return Done(rows, info, infer_s=t3 - t2, transfer_s=(t2 - t1) + (t4 - t3),
                     run_s=time.perf_counter() - t0, samples=total)
 
 
-def _encoded(batch: Sequence[Rows], out: np.ndarray, copies: list[float],
+def encode_rows(batch: Sequence[Rows], out: np.ndarray, copies: list[float],
              refused: dict[int, Exception]) -> list[tuple[np.ndarray, Any, float, float]]:
     """Each request's rows of the output and their encoding (an error encoding them goes to
     that request only), with its copy's and its encoding's seconds."""

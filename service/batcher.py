@@ -5,16 +5,19 @@ One asyncio queue and one future per request, and a failure goes to every future
 batch (as in Ray Serve's ``batching.py``). Nothing waits on a timer when the model is idle: a
 request that finds it idle with nothing queued goes straight to the model's thread, and
 requests that come while a batch runs are gathered, up to the table's largest request size
-(or, with a latency target, the largest whose plan finishes in time), once it is answered.
+(or, with a latency target, the largest whose plan finishes in time), once the model can
+take another batch.
 ``max_batch_delay_ms`` makes a batch wait for company; ``follow_up`` may wait for the last
 batch's clients when the table says one merged batch saves more than the wait costs
 (off by default: docs/operations.md, "Batching").
 
 Torch never runs on the event loop: a batch goes to the model's thread, where its stage
 (``service.batch_stage``: the batch buffer, the device, the encoders) runs it; the loop is
-woken once to answer every request of it. How many samples a batch gathers and how long it
-may wait is the gather policy's (``service.gather``). Closing drains: requests already
-accepted are run and answered, new ones get 503.
+woken once to answer every request of it. Pipelined (``service.finisher``, CUDA's default),
+the model's thread only issues a batch and a second thread finishes it, so the next batch is
+gathered and issued while the device runs this one: two batches in flight at most. How many
+samples a batch gathers and how long it may wait is the gather policy's (``service.gather``).
+Closing drains: requests already accepted are run and answered, new ones get 503.
 """
 
 from __future__ import annotations
@@ -31,8 +34,10 @@ import numpy as np
 
 from service.batch_stage import BatchStage, Done, Encoder, Outcome
 from service.errors import RequestTimeoutError, UnavailableError
+from service.finisher import BatchRuns, Result
 from service.gather import GatherPolicy
 from service.metrics import Metrics
+from service.pipeline_stage import PipelinedStage
 from workers.worker import Worker
 
 log = logging.getLogger("vbs.service.batcher")
@@ -116,14 +121,15 @@ class Batcher:
     def __init__(self, name: str, worker: Worker, executor: Executor, *, max_delay_s: float,
                  max_queue: int, latency_target_s: float | None, metrics: Metrics,
                  follow_up: float = 0.0, timeout_s: float | None = None,
-                 table_version: Callable[[], int | None] = lambda: None) -> None:
+                 table_version: Callable[[], int | None] = lambda: None,
+                 pipelined: bool = False) -> None:
         self.name = name
         self._worker = worker
         self.max_delay_s = max_delay_s
         self.timeout_s = timeout_s  # a request not answered by then gets 504
         self.max_queue = max_queue
         self.policy = GatherPolicy(worker, latency_target_s, follow_up)
-        self.stage = BatchStage(worker)
+        self.stage = PipelinedStage(worker) if pipelined else BatchStage(worker)
         self.metrics = metrics
         self._m = metrics.for_model(name)
         self._table_version = table_version
@@ -132,9 +138,13 @@ class Batcher:
         self._closing = False
         self._task: asyncio.Task[None] | None = None
         self._executor = executor  # its owner shuts it down
-        self._inflight: list[_Pending] = []  # the batch on the worker now
-        self._idle = asyncio.Event()  # set while none is (awaited by the loop and by closing)
-        self._idle.set()
+        self.runs = BatchRuns(name, self.stage, executor, self.policy, pipelined=pipelined)
+        self._inflight: list[list[_Pending]] = []  # batches on the worker now, in issue order
+        self._issuing: list[_Pending] | None = None  # the one on the model's thread
+        self._free = asyncio.Event()  # set while the model's thread may take a batch
+        self._drained = asyncio.Event()  # set while no batch is in flight (awaited by closing)
+        self._free.set()
+        self._drained.set()
 
     @property
     def worker(self) -> Worker:
@@ -170,10 +180,11 @@ class Batcher:
                 self._task.cancel()
                 await asyncio.gather(self._task, return_exceptions=True)
                 self._fail_waiting(UnavailableError(f"model {self.name} is shutting down"))
+        self.runs.close()
 
     @property
     def running(self) -> bool:
-        """A batch is on the worker now."""
+        """A batch is on the worker now (issued and not answered, when pipelined)."""
         return bool(self._inflight)
 
     @property
@@ -201,7 +212,8 @@ class Batcher:
 
         ``decode_s`` is the time its decoding took (reported as part of compute input);
         ``encode`` turns its rows of the output into what the response sends, on the model's
-        thread right after the batch (its result is ``Outcome.encoded``).
+        thread right after the batch, or on the finisher's when pipelined (its result is
+        ``Outcome.encoded``).
         """
         if self._closing:
             self.metrics.rejected.labels(self.name, "closing").inc()
@@ -215,7 +227,7 @@ class Batcher:
         loop = asyncio.get_running_loop()
         pending = _Pending(x, loop.create_future(), time.perf_counter(), decode_s, encode, field)
         self.policy.since_last += pending.n
-        if (not self.running and self.queue.carry is None and self.queue.items.empty()
+        if (self._free.is_set() and self.queue.carry is None and self.queue.items.empty()
                 and self.max_delay_s <= 0 and self.policy.follow_up <= 0
                 and self._task is not None):
             pending.counted = False  # the model is idle and nothing waits: it runs now
@@ -252,12 +264,14 @@ class Batcher:
                 batch, stop = await self._gather(stopping)
                 stopping = stopping or stop
                 if batch:
-                    await self._dispatch(batch)  # answered: the next batch is gathered
+                    self._dispatch(batch)
+                    await self._free.wait()  # answered, or issued: the next batch is gathered
                 batch = []  # not kept while it is: its samples are given back now
-            await self._idle.wait()  # a batch ``submit`` started: answered before closing ends
+            await self._drained.wait()  # every batch in flight answered before closing ends
         except asyncio.CancelledError:
-            for p in self._inflight:
-                p.future.cancel()
+            for b in self._inflight:
+                for p in b:
+                    p.future.cancel()
             raise
 
     async def _gather(self, stopping: bool) -> tuple[list[_Pending], bool]:
@@ -276,9 +290,9 @@ class Batcher:
             if item is _STOP:
                 return [], True
             assert isinstance(item, _Pending)
-            if self.running:  # a batch ``submit`` started: gather once it has been answered
+            if not self._free.is_set():  # a batch ``submit`` started: gather once it is off
                 queue.carry = item  # (carried meanwhile: still waiting, failed on a cancel)
-                await self._idle.wait()
+                await self._free.wait()  # the model's thread
                 queue.carry = None
             if queue.taken(item):
                 batch.append(item)
@@ -313,30 +327,49 @@ class Batcher:
             n += item.n
         return batch, False
 
-    def _dispatch(self, batch: list[_Pending]) -> asyncio.Future[None]:
-        """Hand ``batch`` to the model's thread; the future is done once it has been answered:
-        the thread runs it, does the bookkeeping and answers every request in one call on the
+    def _dispatch(self, batch: list[_Pending]) -> None:
+        """Hand ``batch`` to the model's thread (``self.runs``): it runs the batch, or issues
+        it and the finisher finishes it, and every request is answered in one call on the
         loop (``_answer``), so an answer costs one loop turn after the batch."""
-        loop = asyncio.get_running_loop()
-        started = time.perf_counter()
-        answered: asyncio.Future[None] = loop.create_future()
-        self._inflight = batch
-        self._idle.clear()
-        self._running_samples = sum(p.n for p in batch)
+        self._inflight.append(batch)
+        self._issuing = batch
+        self._running_samples += sum(p.n for p in batch)
+        self._moved()
         try:
-            self._executor.submit(self._work, batch, started, self._table_version(), loop,
-                                  answered)
+            self.runs.submit(batch, time.perf_counter(), self._table_version(),
+                             asyncio.get_running_loop(), self._issued, self._answer)
         except Exception as exc:  # noqa: BLE001 - e.g. the executor shut down: fail the batch
-            self._answer(batch, exc, answered)
-        return answered
+            self._answer(batch, exc)
 
-    def _answer(self, batch: list[_Pending], result: list[Outcome | Exception] | Exception,
-                answered: asyncio.Future[Any], done: Done | None = None) -> None:
+    def _moved(self) -> None:
+        """A batch was handed over, issued or answered: whether the model's thread may take
+        the next (from the loop, or from ``submit``), whether any is in flight."""
+        if self._issuing is None and len(self._inflight) < self.runs.depth:
+            self._free.set()
+        else:
+            self._free.clear()
+        if self._inflight:
+            self._drained.clear()
+        else:
+            self._drained.set()
+
+    def _issued(self, batch: list[_Pending]) -> None:
+        """On the loop: the model's thread has issued ``batch`` (pipelined): it is free."""
+        if self._issuing is batch:
+            self._issuing = None
+            self._moved()
+
+    def _answer(self, batch: list[_Pending], result: Result, done: Done | None = None) -> None:
         """On the loop: every request of ``batch`` gets its outcome, or the batch's failure;
         the batch is counted in the metrics after that, once its handlers have answered."""
-        self._inflight = []  # the next batch may start (from the loop, or from ``submit``)
-        self._running_samples = 0
-        self._idle.set()
+        for i, b in enumerate(self._inflight):
+            if b is batch:
+                del self._inflight[i]
+                self._running_samples -= sum(p.n for p in batch)
+                break
+        if self._issuing is batch:
+            self._issuing = None
+        self._moved()
         if isinstance(result, Exception):
             log.warning("%s: a batch of %d requests failed: %s", self.name, len(batch), result)
             result = [result] * len(batch)
@@ -347,44 +380,10 @@ class Batcher:
                 p.future.set_exception(outcome)
             else:
                 p.future.set_result(outcome)
-        if not answered.done():
-            answered.set_result(None)
         if done is not None:
             self.policy.answered(done.samples)
             # scheduled after the handlers' wake-ups: each writes its response first
             asyncio.get_running_loop().call_soon(self._m.observe_batch, done, result)
-
-    # ------------------------------------------------------------------ the worker thread
-
-    def _work(self, batch: list[_Pending], started: float, version: int | None,
-              loop: asyncio.AbstractEventLoop, answered: asyncio.Future[Any]) -> None:
-        """On the model's thread: run the batch and answer it on the loop."""
-        done: Done | None = None
-        result: list[Outcome | Exception] | Exception
-        try:
-            done = self.stage.run(batch)
-            result = done.outcomes(batch, started, version)
-        except Exception as exc:  # noqa: BLE001 - the failure goes to every request of the batch
-            # without its traceback: its frames hold the batch's samples until the cyclic
-            # garbage collector runs (under a memory limit they count until then)
-            result = exc.with_traceback(None)
-        try:
-            loop.call_soon_threadsafe(self._answer, batch, result, answered, done)
-        except RuntimeError:  # the loop has closed: nobody is waiting any more
-            log.warning("%s: a batch finished after the event loop closed", self.name)
-            return
-        # then, off the answers' path: what the next batch is gathered by (a batch gathered
-        # meanwhile goes by the reading before)
-        try:
-            outlook = self.policy.outlook()
-        except Exception as exc:  # noqa: BLE001 - the next batches go by the last reading
-            log.warning("%s: reading the memory free for the next batch failed: %s", self.name,
-                        exc)
-            return
-        try:
-            loop.call_soon_threadsafe(self.policy.take, outlook)
-        except RuntimeError:
-            pass  # closed meanwhile
 
     def _fail_waiting(self, exc: Exception) -> None:
         for p in self.queue.drain():

@@ -47,6 +47,10 @@ def add_parser(sub: Any) -> None:
                                                  "Triton's; 0 serves no gRPC)")
     p.add_argument("--memory-limit", help="most memory a plan may use, e.g. 64MB (default: free)")
     p.add_argument("--memory-margin", help="memory kept back from plans, e.g. 16MB")
+    p.add_argument("--models-memory", help="most memory the models take together (what loaded "
+                                           "models keep and their plans), e.g. 2GB: models load "
+                                           "on demand within it, the least recently used idle "
+                                           "one unloaded for another (default: the device's)")
     p.add_argument("--memory-sharing", choices=["arbiter", "static", "none"],
                    help="how models on one device share its memory (default arbiter)")
     p.add_argument("--cpu-model-threads", choices=["shared", "per_model"],
@@ -73,10 +77,23 @@ def add_parser(sub: Any) -> None:
                    help="HTTP (POST /infer, --format) or the OIP v2 over gRPC (ModelInfer, raw "
                         "tensors)")
     p.add_argument("--model", required=True, help="served model name")
-    p.add_argument("--clients", type=positive_int, default=4, help="concurrent clients (<= 256)")
+    p.add_argument("--clients", type=positive_int, help="concurrent clients (<= 256; default 4)")
     p.add_argument("--duration", type=_seconds, default=10.0, help="seconds (<= 600)")
     p.add_argument("--samples", type=positive_int, default=1, help="samples per request")
-    p.add_argument("--format", choices=["npy", "json"], default="npy", help="request encoding")
+    p.add_argument("--format", choices=["npy", "json", "oip"],
+                   help="request encoding over HTTP (default npy; the client processes send oip: "
+                        "OIP v2 with binary tensors)")
+    g = p.add_argument_group("client processes", "any of these runs the load in separate client "
+                             "processes (service.loadgen), requests encoded beforehand, each "
+                             "reporting its own CPU")
+    g.add_argument("--processes", type=int, help="client processes (default 1)")
+    g.add_argument("--concurrency", type=int, help="closed loop: requests in flight in all "
+                   "(default --clients; give at least twice the largest batch)")
+    g.add_argument("--rate", type=float, help="open loop: requests a second in all, each sent at "
+                   "its time whether or not earlier ones were answered")
+    g.add_argument("--arrivals", choices=["poisson", "fixed"], default="poisson",
+                   help="the open loop's arrivals: Poisson (default) or a fixed interval")
+    g.add_argument("--cpus", help="pin the client processes to these CPUs, e.g. 1 or 2-3")
     p.add_argument("--warmup", type=_warmup, default=0.0,
                    help="seconds of load before counting starts (default 0)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -85,7 +102,8 @@ def add_parser(sub: Any) -> None:
 
 _FLAGS = {"store": "store", "weights": "weights", "host": "host", "port": "port",
           "grpc_port": "grpc_port", "memory_limit": "memory_limit_bytes",
-          "memory_margin": "memory_margin_bytes", "memory_sharing": "memory_sharing",
+          "memory_margin": "memory_margin_bytes", "models_memory": "models_memory_bytes",
+          "memory_sharing": "memory_sharing",
           "cpu_model_threads": "cpu_model_threads", "batch_max": "batch_max", "device": "device",
           "dtype": "dtype", "solver": "solver", "max_batch_delay_ms": "max_batch_delay_ms",
           "latency_target": "latency_target_s", "max_queue": "max_queue",
@@ -114,16 +132,19 @@ def serve_settings(args: argparse.Namespace) -> Any:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from core.loaded import ModelSpec
-    from planner.models import load_model
+    from planner.models import sketch_model
     from planner.store import printable_location
     from service.grpc_server import run as run_server
     from service.main import create_app
     from service.fast.protocol import http_protocol
 
     settings = serve_settings(args)
-    for served, name, shape in settings.served_models:  # fail fast on a model that cannot load
-        load_model(ModelSpec(name=name, input_shape=shape, dtype=settings.dtype,
-                             device=settings.device, weights=settings.weights))
+    # fail fast on a model that cannot load: each built on the meta device, its weights file
+    # read there too (no memory: more models than memory holds load on demand)
+    for served, name, shape in settings.served_models:
+        sketch_model(ModelSpec(name=name, input_shape=shape, dtype=settings.dtype,
+                               device=settings.device, weights=settings.weights),
+                     check_weights=True)
     logging.getLogger("vbs").setLevel(args.log_level.upper())
     if not logging.getLogger().handlers:
         logging.basicConfig(level=args.log_level.upper(),
@@ -148,16 +169,23 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(f"invalid setting: {exc}") from exc
     secret = key.get_secret_value() if key is not None else None
-    if args.protocol == "grpc":
+    if any(v is not None for v in (args.processes, args.concurrency, args.rate, args.cpus)):
+        from service.loadgen import configure, run_load
+        summary = run_load(configure(
+            args.protocol, args.url, args.model, processes=args.processes,
+            concurrency=args.concurrency, rate=args.rate, clients=args.clients,
+            arrivals=args.arrivals, cpus=args.cpus, fmt=args.format, samples=args.samples,
+            duration_s=args.duration, warmup_s=args.warmup, api_key=secret))
+    elif args.protocol == "grpc":
         from service.loadtest_grpc import DEFAULT_TARGET, run_grpc_loadtest
         summary = asyncio.run(run_grpc_loadtest(
-            args.url or DEFAULT_TARGET, args.model, clients=args.clients,
+            args.url or DEFAULT_TARGET, args.model, clients=args.clients or 4,
             duration_s=args.duration, samples=args.samples, warmup_s=args.warmup,
             api_key=secret))
     else:
         summary = asyncio.run(run_loadtest(
-            args.url or "http://127.0.0.1:8000", args.model, clients=args.clients,
-            duration_s=args.duration, samples=args.samples, fmt=args.format,
+            args.url or "http://127.0.0.1:8000", args.model, clients=args.clients or 4,
+            duration_s=args.duration, samples=args.samples, fmt=args.format or "npy",
             warmup_s=args.warmup, api_key=secret))
     print(json.dumps(summary, indent=1) if args.json else format_table(summary))
     return 0 if summary["ok"] else 1

@@ -161,9 +161,11 @@ async def inference_call(request: Request, query: type[Q],
     """What an inference route's dependencies would give it: the API key checked, the query
     parameters validated (400 naming the parameter, as FastAPI's own) and the body read.
 
-    Under a memory limit the request is admitted (``service.admission``) before its body is
-    read: 503 + Retry-After or 413 instead; its ticket is ``request.state.vbs_ticket``, which
-    the route gives back (``release_ticket``) once it has answered."""
+    The model it names (in the path or the query) is loaded first, if it is not
+    (``service.residency``: a wait, 503 or 413), and pinned, ``request.state.vbs_use``. Under
+    a memory limit the request is then admitted (``service.admission``) before its body is
+    read: 503 + Retry-After or 413 instead; its ticket is ``request.state.vbs_ticket``. The
+    route gives both back (``release_ticket``) once it has answered."""
     settings: Settings = request.app.state.settings
     if settings.api_key is not None:
         check_api_key(settings, bearer_token(request))
@@ -171,6 +173,11 @@ async def inference_call(request: Request, query: type[Q],
     parse = _parameters if len(query_string) <= CACHED_QUERY_BYTES else _parameters.__wrapped__
     parsed = parse(query, query_string)
     registry = getattr(request.app.state, "registry", None)
+    if registry is not None:  # its model loaded first (service.residency), its body unread
+        entry = registry.entry_of(model if model is not None else getattr(parsed, "model", None))
+        if entry is not None:
+            request.state.vbs_use = (registry.residency.pin(entry) if entry.ready
+                                     else await registry.use(entry))
     admission = registry.admission if registry is not None else None
     if admission is not None and admission.active:
         declared = request.headers.get("content-length")
@@ -195,11 +202,16 @@ def body_kind(request: Request) -> str:
 
 
 def release_ticket(request: Request) -> None:
-    """What the request held under the memory limit is free again (once; none: nothing)."""
+    """What the request held under the memory limit is free again (once; none: nothing), and
+    its model no longer pinned by it (``service.residency``)."""
     ticket = getattr(request.state, "vbs_ticket", None)
     if ticket is not None:
         request.state.vbs_ticket = None
         request.app.state.registry.memory.done(ticket)
+    use = getattr(request.state, "vbs_use", None)
+    if use is not None:
+        request.state.vbs_use = None
+        request.app.state.registry.residency.done(use)
 
 
 CACHED_QUERY_BYTES = 1024  # longer query strings are parsed every time (the cache stays small)

@@ -1,5 +1,11 @@
 """One served model as the service keeps it: what it is, its state, its worker and batcher
-once loaded, its tables, and the answers /plan and the page computed from them."""
+while loaded, its tables, and the answers /plan and the page computed from them.
+
+A model is loaded and unloaded while the service runs (``service.residency``). What it keeps
+only while loaded (the captured model with its weights, the worker and its runtimes, the
+batcher) goes when it is unloaded; what describes it (shapes, tables, profile, labels, what
+it kept) stays, so metadata, /plan and the page answer for a model that is not loaded now.
+"""
 
 from __future__ import annotations
 
@@ -11,58 +17,106 @@ from core.lru import LRU
 from core.table import PlanTable
 from planner.families import Preprocess
 from service.batcher import Batcher
+from workers.shares import working_bytes
 
 # answers kept per model for /plan and the page: plan descriptions (a few KB each), curves, tree
 CACHED_ANSWERS = 4096
 
-LOADING, READY, FAILED = "loading", "ready", "failed"
+UNLOADED, LOADING, READY, UNLOADING, FAILED = "unloaded", "loading", "ready", "unloading", "failed"
+# the states as Triton's model repository index names them (a failed model is UNAVAILABLE too)
+REPOSITORY_STATES = {UNLOADED: "UNAVAILABLE", LOADING: "LOADING", READY: "READY",
+                     UNLOADING: "UNLOADING", FAILED: "UNAVAILABLE"}
 
 
 @dataclass(eq=False)
 class ModelEntry:
-    """One served model: what it is, its worker and batcher once loaded, and its table."""
+    """One served model: what it is, its worker and batcher while loaded, and its table."""
 
     name: str                       # the name it is served under (URLs, metrics)
     spec: ModelSpec
     state: str = LOADING
-    error: str | None = None
+    error: str | None = None        # why it failed, or what its load waits for
+    reason: str | None = None       # why it is not loaded (the repository index's reason)
+    starting: bool = True           # its load at start is under way: requests get 503 at once
+    explicit: bool = False          # unloaded through the repository API: loaded only through it
+    # while loaded
     prepared: Any = None            # planner.pipeline.Prepared
     worker: Any = None              # workers.worker.Worker
     batcher: Batcher | None = None
+    # kept when unloaded
     tables: dict[str, PlanTable] = field(default_factory=dict)  # every strategy's, for /plan
+    solver: str | None = None       # which of them it serves
     table_version: int | None = None
     table_meta: dict[str, Any] = field(default_factory=dict)
+    profile: Any = None             # planner's Profile (the tree the page draws)
+    fingerprint: str | None = None
+    table_id: str | None = None
     labels: list[str] | None = None
     preprocess: Preprocess | None = None
     image_mode: str | None = None
+    shapes: tuple[tuple[int, ...], tuple[int, ...] | None] | None = None  # input, output
+    weights_bytes: int = 0          # its weights (from its sketch, before it first loads)
+    estimate: PlanTable | None = None  # its table as the store had it before it first loaded
+    kept_bytes: int | None = None   # what it kept the last time it was loaded
     load_s: float | None = None
+    loads: int = 0
+    # use: requests let through and not answered yet, requests waiting for it to load, and
+    # when one last came or went
+    pins: int = 0
+    waiting: int = 0
+    last_used: float = 0.0
     cache: LRU[Any] = field(default_factory=lambda: LRU(CACHED_ANSWERS), repr=False)
 
     @property
     def ready(self) -> bool:
+        """Loaded: it takes requests now."""
         return self.state == READY
 
     @property
-    def fingerprint(self) -> str | None:
-        return self.prepared.fingerprint if self.prepared is not None else None
-
-    @property
-    def table_id(self) -> str | None:
-        return self.prepared.table_id if self.prepared is not None else None
+    def planned(self) -> bool:
+        """Its tables are known (it has been loaded once): /plan and the page can answer."""
+        return self.solver is not None and self.solver in self.tables
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        if self.prepared is not None:
-            return tuple(self.prepared.capture.input_shape)
+        if self.shapes is not None:
+            return self.shapes[0]
         return tuple(self.spec.input_shape or ())
 
     @property
     def output_shape(self) -> tuple[int, ...]:
-        return tuple(self.prepared.capture.output_shape) if self.prepared is not None else ()
+        return tuple(self.shapes[1] or ()) if self.shapes is not None else ()
 
     @property
     def table(self) -> PlanTable:
-        return self.worker.table
+        """The table it serves (the worker's while loaded: swapped in by the table watch)."""
+        if self.worker is not None:
+            return self.worker.table
+        assert self.solver is not None
+        return self.tables[self.solver]
+
+    @property
+    def busy(self) -> bool:
+        """A request is let through and not answered or waits for it to load, or its batcher
+        has work."""
+        batcher = self.batcher
+        return bool(self.pins or self.waiting or
+                    (batcher is not None and (batcher.running or batcher.waiting)))
+
+    def demand(self) -> int:
+        """Samples queued and running (the memory owner divides memory by it; 0 unloaded)."""
+        batcher = self.batcher
+        return batcher.demand() if batcher is not None else 0
+
+    def cost(self) -> tuple[int, int, int]:
+        """What it takes loaded, as known before it loads: the bytes it keeps (what it kept
+        the last time, else its weights), its one-sample plan and its working bytes (from
+        its table; 0 when not known yet)."""
+        kept = self.kept_bytes if self.kept_bytes is not None else self.weights_bytes
+        table = self.table if self.planned or self.worker is not None else self.estimate
+        if table is None:
+            return kept, 0, 0
+        return kept, int(table.min_peaks[0]), working_bytes(table)
 
     def cached(self, key: Any, compute: Any) -> Any:
         """An answer that depends only on this model's table (for /plan), kept in a small LRU."""
@@ -71,10 +125,13 @@ class ModelEntry:
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "model": self.spec.name, "state": self.state,
                                "dtype": self.spec.dtype, "device": self.spec.device,
-                               "input_shape": list(self.input_shape) or None}
+                               "input_shape": list(self.input_shape) or None,
+                               "loads": self.loads, "kept_bytes": self.kept_bytes}
         if self.error:
             out["error"] = self.error
-        if self.ready:
+        if self.reason and not self.ready:
+            out["reason"] = self.reason
+        if self.planned:
             table = self.table
             out.update({
                 "output_shape": list(self.output_shape), "batch_max": table.batch_max,
@@ -86,9 +143,10 @@ class ModelEntry:
                           "min_bytes": int(table.min_peaks[0]), "plans": len(table.plans),
                           "compared": sorted(s for s in self.tables if s != table.solver)},
                 "queue": self.batcher.waiting if self.batcher else 0,
-                "memory_limit_bytes": self.worker.probe.limit,
-                "memory_share_bytes": self.worker.memory.shares().get(self.name)
-                if self.worker.memory is not None else None,
                 "load_s": self.load_s,
             })
+        if self.worker is not None:
+            out["memory_limit_bytes"] = self.worker.probe.limit
+            memory = self.worker.memory
+            out["memory_share_bytes"] = memory.shares().get(self.name) if memory else None
         return out

@@ -9,6 +9,7 @@ service's errors are subclasses of ``core.errors`` classes, so the tree stays on
     │   ├── PayloadTooLargeError    413  body or samples over the limit
     │   └── UnsupportedMediaError   415  a Content-Type the endpoint does not read
     ├── ModelNotFoundError      404  no model served under that name
+    ├── ModelTooLargeError      413  a model that could never fit in the memory the models may take
     ├── AssetNotFoundError      404  no such file of the page (/ui/...)
     └── AuthError               401  missing or wrong API key
     VbsError
@@ -57,6 +58,11 @@ class ModelNotFoundError(UsageError):
     """No model is served under the name asked for (404)."""
 
 
+class ModelTooLargeError(UsageError):
+    """A model could never be loaded, even alone, in the memory the models may take (413:
+    the message names the limit and what the model needs)."""
+
+
 class AssetNotFoundError(UsageError):
     """The page has no file of that name (404)."""
 
@@ -102,7 +108,8 @@ def field_error(field: str, problem: str, cls: type[RequestError] = RequestError
 # The one translation of the exception tree into HTTP statuses (the tree in the module doc):
 # an exception is answered with the status of the first of its classes found here.
 STATUS: dict[type[BaseException], int] = {
-    PayloadTooLargeError: 413, RequestTooLargeError: 413, UnsupportedMediaError: 415,
+    PayloadTooLargeError: 413, RequestTooLargeError: 413, ModelTooLargeError: 413,
+    UnsupportedMediaError: 415,
     RequestError: 400,
     ModelNotFoundError: 404, AssetNotFoundError: 404, AuthError: 401,
     UnavailableError: 503, RequestTimeoutError: 504,
@@ -174,6 +181,6 @@ def install(app: FastAPI) -> None:
 
 
 __all__ = ["AssetNotFoundError", "AuthError", "ErrorBody", "ExecutionError", "ModelNotFoundError",
-           "PayloadTooLargeError",
+           "ModelTooLargeError", "PayloadTooLargeError",
            "RequestError", "RequestTimeoutError", "UnavailableError", "UnsupportedMediaError",
            "error_response", "error_responses", "field_error", "install", "status_of"]

@@ -10,8 +10,12 @@ or ``NOT_FOUND``, never ``INTERNAL``; a model loading, a full queue or a shutdow
 (metadata ``authorization: Bearer <key>``) when one is set; health and metadata are open, as
 over HTTP.
 
-Under a memory limit a call waits in the HTTP requests' line for memory
-(``service.admission``), its message counted as held (gRPC has read it already).
+A call for a model not loaded waits for its load (``service.residency``) as an HTTP request
+does; under a memory limit it then waits in the HTTP requests' line for memory
+(``service.admission``), its message counted as held (gRPC has read it already). The model
+repository's calls (Triton's ``RepositoryIndex``, ``RepositoryModelLoad``,
+``RepositoryModelUnload``) are ``POST /v2/repository/...``'s twins (``service.routers.
+repository``), with the API key as ``ModelInfer``.
 
 Handlers are coroutines on the event loop uvicorn runs (grpc.aio). A small request is decoded
 there (raw bytes are viewed, not read), a large one in a worker thread; the batch runs on the
@@ -42,6 +46,7 @@ from service.oip import SERVICE, pb, rpc
 from service.entry import ModelEntry
 from service.registry import Registry
 from workers.ledger import Ticket
+from service.routers import repository
 from service.routers.v2 import model_metadata, server_metadata
 from service.wire.v2 import V2Request, v2_tensor
 
@@ -127,7 +132,7 @@ class InferenceService(rpc.GRPCInferenceServiceServicer):
     @_answered("grpc")
     async def ModelReady(self, request: Any, context: Any, call: _Call) -> Any:  # noqa: N802
         # an unknown model or version is not ready (tritonclient's HTTP client reads the 404
-        # of GET /v2/models/{name}/ready so too)
+        # of GET /v2/models/{name}/ready so too), nor is one not loaded now
         entry = self.registry.entries.get(request.name)
         return pb.ModelReadyResponse(ready=entry is not None and entry.ready
                                      and request.version in VERSIONS)
@@ -141,6 +146,7 @@ class InferenceService(rpc.GRPCInferenceServiceServicer):
     @_answered("grpc")
     async def ModelMetadata(self, request: Any, context: Any, call: _Call) -> Any:  # noqa: N802
         entry = self._entry(request.name, request.version, "name", "version")
+        entry = self.registry.described_entry(entry.name)
         call.model = entry.name
         meta = model_metadata(entry)
         tensor = pb.ModelMetadataResponse.TensorMetadata
@@ -160,8 +166,11 @@ class InferenceService(rpc.GRPCInferenceServiceServicer):
                             "model_version")
         call.model = entry.name
         memory = self.registry.memory
-        ticket = await self._admit(size, entry)
+        use = self.registry.residency.pin(entry) if entry.ready else \
+            await self.registry.use(entry)
+        ticket = None
         try:
+            ticket = await self._admit(size, entry)
             req, x, decode_s = await self._decode(request, size, entry)
             if ticket is not None:  # x is never a view of the message (read_request copies)
                 serving.hold_samples(memory, ticket, size, None, x, entry.output_shape)
@@ -169,12 +178,15 @@ class InferenceService(rpc.GRPCInferenceServiceServicer):
             outcome = await entry.batcher.submit(
                 x, decode_s=decode_s, encode=grpc_codec.encoder(req.binary_output),
                 field=req.inputs[0].data_where or "inputs[0]",
-                waited_s=ticket.waited_s if ticket is not None else 0.0)
+                waited_s=use.waited_s + (ticket.waited_s if ticket is not None else 0.0))
+            if use.waited_s:
+                outcome = serving.with_load_wait(outcome, use.waited_s)
             call.outcome = outcome
             return grpc_codec.response(entry.name, req.id, outcome.y, outcome.encoded,
                                        req.binary_output, serving.v2_parameters(outcome))
         finally:
             memory.done(ticket)
+            self.registry.residency.done(use)
 
     async def _admit(self, size: int, entry: ModelEntry) -> Ticket | None:
         """Under a memory limit, a place in the ledger before the request is decoded (None:
@@ -205,6 +217,45 @@ class InferenceService(rpc.GRPCInferenceServiceServicer):
         if size <= small:
             return decode()
         return await asyncio.to_thread(decode)
+
+    # ------------------------------------------------------------------ the model repository
+
+    @_answered("grpc")
+    async def RepositoryIndex(self, request: Any, context: Any, call: _Call) -> Any:  # noqa: N802
+        self._authorize(context)
+        repository.check_repository(request.repository_name, "repository_name")
+        index = pb.RepositoryIndexResponse.ModelIndex
+        return pb.RepositoryIndexResponse(models=[
+            index(**m) for m in self.registry.residency.index(ready=request.ready)])
+
+    @_answered("grpc")
+    async def RepositoryModelLoad(self, request: Any, context: Any,  # noqa: N802
+                                  call: _Call) -> Any:
+        self._authorize(context)
+        entry = self._repository_entry(request)
+        repository.check_parameters(_parameters(request.parameters), "parameters",
+                                    loading=True)
+        call.model = entry.name
+        await self.registry.residency.load(entry)
+        return pb.RepositoryModelLoadResponse()
+
+    @_answered("grpc")
+    async def RepositoryModelUnload(self, request: Any, context: Any,  # noqa: N802
+                                    call: _Call) -> Any:
+        self._authorize(context)
+        entry = self._repository_entry(request)
+        repository.check_parameters(_parameters(request.parameters), "parameters",
+                                    loading=False)
+        call.model = entry.name
+        await self.registry.residency.unload(entry)
+        return pb.RepositoryModelUnloadResponse()
+
+    def _repository_entry(self, request: Any) -> ModelEntry:
+        repository.check_repository(request.repository_name, "repository_name")
+        if not request.model_name:
+            served = ", ".join(self.registry.entries) or "none"
+            raise field_error("model_name", f"is empty: name the model (served: {served})")
+        return self.registry.get(request.model_name)
 
     # ------------------------------------------------------------------ shared
 
@@ -237,6 +288,12 @@ class InferenceService(rpc.GRPCInferenceServiceServicer):
         m.latency.labels(call.model, endpoint).observe(elapsed_s)
         if call.outcome is not None:
             m.live.record(call.model, elapsed_s, call.outcome)
+
+
+def _parameters(params: Any) -> dict[str, Any]:
+    """A repository call's parameters (``ModelRepositoryParameter`` by name) as values."""
+    return {name: getattr(value, value.WhichOneof("parameter_choice") or "string_param")
+            for name, value in params.items()}
 
 
 def add_to_server(servicer: InferenceService, server: Any) -> None:

@@ -1,10 +1,13 @@
-"""Loading the served models: each prepared on its torch thread, then given a batcher.
+"""Loading and unloading the served models: each prepared on its torch thread, then given a
+batcher; unloaded, its runtimes, worker and weights given back.
 
 ``planner.pipeline.prepare`` reads a model's tables from the store by the profile's
 fingerprint, or profiles, solves and publishes them; the model gets a worker (counted by the
 device's memory owner, ``workers.device_memory``) and a batcher. A model that waits for the
 store retries with backoff; one that cannot be served (a bad name, an untraceable model, a
-malformed stored table) is marked failed with the reason the readiness endpoints show.
+malformed stored table) is marked failed with the reason the readiness endpoints show. Which
+models are loaded, and when, is ``service.residency``'s: this module does one load or unload
+and tells the device's memory owner what the model keeps (``DeviceMemory.model_loaded``).
 
 Torch threads: on the CPU one thread runs all the process's torch work, loading and every
 batch of every model, because every thread that starts an OpenMP region gets a team of its
@@ -16,13 +19,17 @@ own, and with more OpenMP threads than cores each region pays for waking its thr
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
+
 from core.errors import StoreError, TableFormatError, VbsError
+from core.table import PlanTable
 from planner.families import build_preprocess, labels_for
 from planner.store import Backoff, PlanStore, open_store, printable_location
 from service.batcher import Batcher
@@ -30,6 +37,7 @@ from service.entry import FAILED, READY, ModelEntry
 from service.metrics import Metrics
 from service.settings import Settings
 from workers.device_memory import DeviceMemory
+from workers.memory import release_cached
 
 log = logging.getLogger("vbs.service")
 HEARTBEAT_S = 15.0
@@ -47,12 +55,6 @@ class ModelLoader:
         self._store: PlanStore | None = None
         self._store_lock = threading.Lock()
 
-    async def load_all(self, entries: list[ModelEntry]) -> None:
-        """Load every model at once; one that waits for the store or fails does not hold the
-        others back."""
-        total = len(entries)
-        await asyncio.gather(*(self._load(entry, i, total) for i, entry in enumerate(entries, 1)))
-
     def torch_thread(self, entry: ModelEntry) -> ThreadPoolExecutor:
         """The thread that runs ``entry``'s torch work: the process's one on the CPU, unless
         each model gets its own (``cpu_model_threads``)."""
@@ -63,10 +65,13 @@ class ModelLoader:
                 max_workers=1, thread_name_prefix=f"vbs-torch-{entry.name}")
         return self._executors[entry.name]
 
-    async def _load(self, entry: ModelEntry, i: int, total: int) -> None:
+    async def load(self, entry: ModelEntry, i: int = 1, total: int = 1) -> bool:
+        """Load ``entry`` (``i`` of ``total`` being loaded, for the log): ready, or failed
+        with the reason (False); one that waits for the store retries with backoff."""
         loop = asyncio.get_running_loop()
         executor = self.torch_thread(entry)
         attempt = 0
+        before = self.memory.in_use()
         while True:
             started = time.monotonic()
             log.info("%s: loading %s (%d of %d) with tables from %s", entry.name, entry.spec.name,
@@ -77,7 +82,7 @@ class ModelLoader:
             except TableFormatError as exc:  # bad data: retrying cannot help
                 self.metrics.store_errors.inc()
                 self._failed(entry, str(exc))
-                return
+                return False
             except StoreError as exc:
                 self.metrics.store_errors.inc()
                 delay = self.backoff.delay(attempt, self._rng.random())
@@ -88,37 +93,65 @@ class ModelLoader:
                 continue
             except VbsError as exc:
                 self._failed(entry, str(exc))
-                return
+                return False
             except Exception as exc:  # noqa: BLE001 - a model that cannot load must not stop the rest
                 log.exception("%s: loading failed", entry.name)
                 self._failed(entry, f"{type(exc).__name__}: {exc}")
-                return
+                return False
             finally:
                 heartbeat.cancel()
             break
+        try:
+            await self._serve(entry, executor, started, before)
+        except Exception as exc:  # noqa: BLE001 - prepared, but its batcher or memory failed
+            log.exception("%s: starting to serve failed", entry.name)
+            if entry.batcher is not None:
+                await entry.batcher.close(self.settings.request_timeout_s)
+            self._failed(entry, f"{type(exc).__name__}: {exc}")
+            return False
+        return True
+
+    async def _serve(self, entry: ModelEntry, executor: ThreadPoolExecutor, started: float,
+                     before: int | None) -> None:
+        """A prepared model's batcher started, its memory counted: ready."""
         batcher = Batcher(entry.name, entry.worker, executor,
                           max_delay_s=self.settings.max_batch_delay_ms / 1000,
                           max_queue=self.settings.max_queue,
                           latency_target_s=self.settings.latency_target_s, metrics=self.metrics,
                           follow_up=self.settings.batch_follow_up,
                           timeout_s=self.settings.request_timeout_s,
-                          table_version=lambda: entry.table_version)
+                          table_version=lambda: entry.table_version,
+                          pipelined=self.settings.pipelined(entry.spec.device))
         weights, minimums = self.settings.memory_weights, self.settings.memory_minimums
-        self.memory.register(entry.name, lambda: entry.worker.table, batcher.demand,
+        # registered by the entry (not its worker or batcher, which go when it is unloaded)
+        self.memory.register(entry.name, lambda: entry.table, entry.demand,
                              weight=weights.get(entry.name, 1.0),  # type: ignore[union-attr]
                              minimum=minimums.get(entry.name, 0))  # type: ignore[union-attr]
         await batcher.start()
         entry.batcher = batcher
         entry.load_s = round(time.monotonic() - started, 3)
-        entry.error = None
+        entry.error = entry.reason = None
+        entry.loads += 1
+        # what stays with this model loaded: weights, sessions, buffers (the group's growth
+        # where a cgroup limit applies, if more than they add up to)
+        kept = kept_bytes(entry)
+        after = self.memory.in_use()
+        if before is not None and after is not None:
+            kept = max(kept, after - before)
+        entry.kept_bytes = kept
+        self.memory.model_loaded(entry.name, kept)
         entry.state = READY
-        self.metrics.model_ready.labels(entry.name).set(1)
-        self.memory.rebase()  # what stays with this model loaded: weights, buffers
-        self.metrics.table_version.labels(entry.name).set(entry.table_version or 0)
+        m = self.metrics
+        m.model_ready.labels(entry.name).set(1)
+        m.model_loads.labels(entry.name).inc()
+        m.load_time.labels(entry.name).observe(entry.load_s)
+        m.model_kept.labels(entry.name).set(kept)
+        m.table_version.labels(entry.name).set(entry.table_version or 0)
         table = entry.table
-        log.info("%s: ready in %.1f s: input %s, table v%s (%s, %d plans, b <= %d, fingerprint %s)",
-                 entry.name, entry.load_s, list(entry.input_shape), entry.table_version,
-                 table.solver, len(table.plans), table.batch_max, entry.fingerprint)
+        log.info("%s: ready in %.1f s: input %s, table v%s (%s, %d plans, b <= %d, fingerprint "
+                 "%s), keeps %d bytes", entry.name, entry.load_s, list(entry.input_shape),
+                 entry.table_version, table.solver, len(table.plans), table.batch_max,
+                 entry.fingerprint, kept)
 
     async def _heartbeat(self, entry: ModelEntry, started: float) -> None:
         while True:
@@ -128,6 +161,7 @@ class ModelLoader:
 
     def _failed(self, entry: ModelEntry, message: str) -> None:
         entry.state, entry.error = FAILED, " ".join(message.split())
+        entry.worker = entry.prepared = entry.batcher = None  # what a half load made goes
         log.error("%s: cannot be served: %s", entry.name, entry.error)
 
     def _sync_store(self) -> PlanStore:
@@ -157,11 +191,62 @@ class ModelLoader:
         labels = labels_for(entry.spec.name, out_shape[0]) if len(out_shape) == 1 else None
         pre = build_preprocess(entry.spec.name, tuple(prepared.capture.input_shape))
         entry.prepared, entry.worker, entry.tables = prepared, worker, dict(prepared.tables)
+        entry.solver, entry.profile = prepared.table.solver, prepared.profile
+        entry.fingerprint, entry.table_id = prepared.fingerprint, prepared.table_id
+        entry.shapes = (tuple(prepared.capture.input_shape), out_shape)
         entry.table_version = version
         entry.table_meta = {"solver": prepared.table.solver, "slot_bytes": prepared.table.slot_bytes}
         entry.labels = labels
         if pre is not None:
             entry.preprocess, entry.image_mode = pre
+
+    async def unload(self, entry: ModelEntry) -> None:
+        """Give back what ``entry`` keeps loaded (its batcher closed and drained first): its
+        runtimes' sessions and graphs, its worker, its weights; the device's memory owner
+        counts it back (what the group gave back, where a cgroup limit applies)."""
+        before = self.memory.in_use()
+        await asyncio.get_running_loop().run_in_executor(self.torch_thread(entry),
+                                                         _release, entry)
+        after = self.memory.in_use()
+        kept = self.memory.kept().get(entry.name, entry.kept_bytes or 0)
+        released = kept if before is None or after is None else min(kept, max(0, before - after))
+        self.memory.model_unloaded(entry.name, released)
+        self.metrics.model_ready.labels(entry.name).set(0)
+        self.metrics.model_kept.labels(entry.name).set(0)
+        log.info("%s: unloaded, %d of the %d bytes it kept given back", entry.name, released,
+                 kept)
+
+    def sketch(self, entry: ModelEntry) -> None:
+        """What ``entry`` takes before it is first loaded (on its torch thread): its weights
+        and shapes from a build on the meta device, its table as the store has it under its
+        name (a table of another fingerprint may differ a little: an estimate). Nothing here
+        fails the model: what cannot be known now is known once it loads."""
+        from planner.models import sketch_model
+        from planner.pipeline import model_key
+        from planner.store.keys import table_id
+
+        try:
+            sketch = sketch_model(entry.spec)
+        except Exception as exc:  # noqa: BLE001 - its load says what is wrong
+            log.debug("%s: no sketch: %s", entry.name, exc)
+            return
+        entry.weights_bytes = sketch.weights_bytes
+        if entry.shapes is None:
+            entry.shapes = (sketch.input_shape, sketch.output_shape)
+            if sketch.output_shape is not None and len(sketch.output_shape) == 1:
+                entry.labels = labels_for(entry.spec.name, sketch.output_shape[0])
+            pre = build_preprocess(entry.spec.name, sketch.input_shape)
+            if pre is not None:
+                entry.preprocess, entry.image_mode = pre
+        s = self.settings
+        try:
+            store = self._sync_store()
+            fp = store.get_model(model_key(entry.spec, s.solver, s.objective))
+            if fp is not None:
+                tid = table_id(fp, s.solver, s.objective)
+                entry.estimate = PlanTable.from_bytes(store.get_table(tid).blob, tid)
+        except Exception as exc:  # noqa: BLE001 - not planned yet, or the store is down
+            log.debug("%s: no table to estimate its plans by: %s", entry.name, exc)
 
     async def close(self) -> None:
         """Give back the torch threads (their batchers drained first) and the store."""
@@ -169,3 +254,30 @@ class ModelLoader:
             executor.shutdown(wait=False)  # drained; a batch stuck past it is left to end
         if self._store is not None:
             await asyncio.to_thread(self._store.close)
+
+
+def kept_bytes(entry: ModelEntry) -> int:
+    """What a loaded model keeps on its device, as its parts say: its weights and buffers,
+    what its runtimes keep between calls, and on the CPU its batch buffer (on CUDA that is
+    host memory)."""
+    module = entry.prepared.capture.model.module
+    weights = sum(t.numel() * t.element_size()
+                  for t in (*module.parameters(), *module.buffers()))
+    kept = weights + entry.worker.held_bytes
+    if entry.spec.device == "cpu":
+        itemsize = entry.prepared.capture.model.torch_dtype.itemsize
+        kept += entry.table.batch_max * int(np.prod(entry.input_shape, dtype=np.int64)) * itemsize
+    return int(kept)
+
+
+def _release(entry: ModelEntry) -> None:
+    """On the model's torch thread: its runtimes released, every reference to its worker,
+    capture and batcher dropped, the garbage collected (cycles hold modules) and, on CUDA,
+    the allocator's cache given back."""
+    worker = entry.worker
+    if worker is not None:
+        worker.release()
+    entry.worker = entry.prepared = entry.batcher = None
+    del worker
+    gc.collect()
+    release_cached(entry.spec.device)

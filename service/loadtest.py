@@ -10,6 +10,11 @@ went, as Triton's perf_analyzer reports it, from the timings the service returns
 compute input, compute infer, compute output, and the rest (HTTP both ways, routing, handing
 over between threads: the client's time minus the four). Only loopback hosts are accepted: this
 is a bench for the machine the service runs on, not a tool to load someone else's server.
+
+These clients share one Python process, whose CPU per request (httpx, encoding each request)
+counts in what is measured; ``vbs loadtest --processes`` (``service.loadgen``) runs the load in
+client processes instead, requests encoded once, closed or open loop, the processes' own CPU
+reported beside the same figures.
 """
 
 from __future__ import annotations
@@ -281,8 +286,30 @@ def format_table(summary: dict[str, Any]) -> str:
         ("p50 " + " / ".join(PARTS), " / ".join(ms(summary["breakdown_p50_s"][k]) for k in PARTS)),
         ("p99 " + " / ".join(PARTS), " / ".join(ms(summary["breakdown_p99_s"][k]) for k in PARTS)),
     ]
+    if "loop" in summary:  # service.loadgen's client processes
+        rows += _generator_rows(summary, ms)
     if summary["errors_by_status"]:
         rows.append(("errors by status", ", ".join(f"{k}: {v}" for k, v in
                                                     summary["errors_by_status"].items())))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def _generator_rows(summary: dict[str, Any], ms: Callable[[float | None], str]
+                    ) -> list[tuple[str, str]]:
+    """The rows ``vbs loadtest --processes`` adds: its loop, what it sent, its own CPU."""
+    loop = (f"closed, {summary['concurrency']} in flight" if summary["loop"] == "closed" else
+            f"open, {summary['rate_rps']:g} req/s offered ({summary['arrivals']})")
+    cpu = summary["client_cpu_ms_per_request"]
+    return [
+        ("client processes", f"{summary['processes']} ({summary['protocol']}, "
+                             f"{summary['format']}), CPUs {summary['cpus'] or 'any'}"),
+        ("loop", loop),
+        ("sent (achieved rate)", f"{summary['sent']} ({summary['achieved_rate_rps']:.1f} req/s)"),
+        ("late / in flight at end", f"{summary['late']} ({summary['late_fraction']:.1%}; "
+                                    f"{summary['connection_waits']} waited for a connection) / "
+                                    f"{summary['in_flight_at_end']}"),
+        ("latency p90", ms(summary["latency_p90_s"])),
+        ("clients' CPU", f"{'-' if cpu is None else f'{cpu:.3f}'} ms a request, "
+                         f"{summary['client_cores']:.2f} cores"),
+    ]

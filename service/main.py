@@ -22,7 +22,8 @@ from service.fast.route import plain
 from service.grpc_server import GrpcServer
 from service.metrics import Metrics, RequestMetricsMiddleware
 from service.registry import Registry
-from service.routers import charts, health, inference, metrics, models, plans, stats, ui, v2
+from service.routers import (charts, health, inference, metrics, models, plans, repository,
+                             stats, ui, v2)
 
 DESCRIPTION = """CNN inference where every layer runs at its own batch size, with the plan
 for the memory free at the moment each batch runs. Errors are `{"error": "..."}` naming the
@@ -54,7 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.grpc = grpc
     errors.install(app)
     app.add_middleware(RequestMetricsMiddleware, metrics=registry_metrics)
-    for router in (inference.router, v2.router, plans.router, models.router, health.router,
-                   metrics.router, charts.router, stats.router, ui.router):
+    for router in (inference.router, v2.router, repository.router, plans.router, models.router,
+                   health.router, metrics.router, charts.router, stats.router, ui.router):
         app.include_router(router if settings.fast_path else plain(router))
     return app

@@ -22,6 +22,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 FINE_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 1.5e-4, 2e-4, 3e-4, 4e-4, 5e-4, 6e-4, 7e-4, 8e-4,
                 9e-4, 1e-3, 1.25e-3, 1.5e-3, 2e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 1.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+LOAD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 ENDPOINTS = ("infer", "v2_infer", "plan", "models", "health", "metrics", "other",
              "grpc_infer", "grpc")  # the last two: gRPC ModelInfer and every other gRPC call
 NO_MODEL = "-"
@@ -110,9 +111,10 @@ class Metrics:
                                       "its body from the network (paced by the client)",
                                       ["model"], buckets=FINE_BUCKETS, registry=r)
         self.overhead_time = Histogram("vbs_server_overhead_seconds", "per inference request: "
-                                       "the server's time that is none of receive, queue, "
-                                       "input, infer and output (HTTP parsing, routing, handing "
-                                       "over between threads, sending the response)", ["model"],
+                                       "the server's time that is none of receive, load wait, "
+                                       "queue, input, infer and output (HTTP parsing, "
+                                       "routing, handing over between threads, sending the "
+                                       "response)", ["model"],
                                        buckets=FINE_BUCKETS, registry=r)
         self.run_time = Histogram("vbs_batch_run_seconds", "time a batch ran on the worker",
                                   ["model"], buckets=LATENCY_BUCKETS, registry=r)
@@ -142,6 +144,7 @@ class Metrics:
         self.store_up = Gauge("vbs_store_up", "1 when the plan store watch is live", registry=r)
         self.model_ready = Gauge("vbs_model_ready", "1 when a model and its table are loaded",
                                  ["model"], registry=r)
+        self._loading(r)
         # The memory arbiter's (workers/arbiter.py), set through MemoryListener.
         self.memory_budget = Gauge("vbs_memory_budget_bytes", "memory free for plans now (the "
                                    "arbiter's last reading)", ["device"], registry=r)
@@ -157,6 +160,20 @@ class Metrics:
         self.memory_overcommits = Counter("vbs_memory_overcommits", "leases that took the sum of "
                                           "live leases past the budget (only with "
                                           "memory_sharing=none)", ["device"], registry=r)
+
+    def _loading(self, r: CollectorRegistry) -> None:
+        """The metrics of loading on demand (``service.residency``)."""
+        self.model_loads = Counter("vbs_model_loads", "times a model was loaded (at start, on "
+                                   "demand or through the repository API)", ["model"], registry=r)
+        self.model_unloads = Counter("vbs_model_unloads", "times a model was unloaded: to make "
+                                     "room for another (memory) or through the repository API "
+                                     "(request)", ["model", "reason"], registry=r)
+        self.load_time = Histogram("vbs_model_load_seconds", "time a model took to load (its "
+                                   "tables read from the store, or planned)", ["model"],
+                                   buckets=LOAD_BUCKETS, registry=r)
+        self.model_kept = Gauge("vbs_model_kept_bytes", "what a loaded model keeps (weights, "
+                                "runtime sessions and graphs, its batch buffer); 0 when not "
+                                "loaded", ["model"], registry=r)
 
     def for_model(self, model: str) -> ModelMetrics:
         """The per-model metrics of ``model``, labelled once (see ``ModelMetrics``)."""
@@ -279,8 +296,8 @@ class RequestMetricsMiddleware:
             timing = state.get("vbs_timing")  # an inference answered: what the rest cost
             if timing is not None:
                 receive = float(state.get("vbs_receive_s") or 0.0)
-                spent = (receive + timing.queue_s + timing.input_s + timing.infer_s
-                         + timing.output_s)
+                spent = (receive + timing.load_wait_s + timing.queue_s + timing.input_s
+                         + timing.infer_s + timing.output_s)
                 m = self._inference.get(model)
                 if m is None:
                     m = self._inference[model] = (self.metrics.receive_time.labels(model),

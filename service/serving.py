@@ -13,6 +13,7 @@ compute input, compute infer, compute output, as Triton's perf_analyzer reports 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -126,6 +127,8 @@ async def answer(request: Request, endpoint: str, query: type[Q], model: str | N
         parsed, body = await inference_call(request, query, model)
         decoded = await decode(body, parsed)
         hold(request, body, decoded)
+        if getattr(request.state, "vbs_use", None) is None:  # named in the body: loaded now
+            request.state.vbs_use = await request.app.state.registry.use(decoded.entry)
         outcome = await run(decoded, request.state)
         return respond(decoded, outcome)
     finally:
@@ -274,17 +277,28 @@ def hold_samples(memory: DeviceMemory, ticket: Ticket, held: int, body: bytes | 
 
 
 async def run(decoded: Decoded, state: Any) -> Outcome:
-    """Queue the samples on the model's batcher; 504 when not answered within
-    ``request_timeout_s`` (the batcher's)."""
+    """Queue the samples on the model's batcher (its model pinned, loaded: ``vbs_use``); 504
+    when not answered within ``request_timeout_s`` (the batcher's), which its waits for the
+    model's load and in line for memory count toward."""
     entry = decoded.entry
     assert entry.batcher is not None
-    ticket = getattr(state, "vbs_ticket", None)  # its wait in line counts toward the timeout
-    outcome = await entry.batcher.submit(decoded.x, decode_s=decoded.decode_s,
-                                         encode=decoded.encoder(), field=decoded.field,
-                                         waited_s=ticket.waited_s if ticket is not None else 0.0)
+    ticket = getattr(state, "vbs_ticket", None)
+    use = getattr(state, "vbs_use", None)
+    load_wait_s = use.waited_s if use is not None else 0.0
+    outcome = await entry.batcher.submit(
+        decoded.x, decode_s=decoded.decode_s, encode=decoded.encoder(), field=decoded.field,
+        waited_s=load_wait_s + (ticket.waited_s if ticket is not None else 0.0))
+    if load_wait_s:
+        outcome = with_load_wait(outcome, load_wait_s)
     state.vbs_timing = outcome.timing  # the middleware counts what the rest of the server took
     state.vbs_outcome = outcome  # and records it for the live view (service.live)
     return outcome
+
+
+def with_load_wait(outcome: Outcome, load_wait_s: float) -> Outcome:
+    """``outcome`` of a request that waited ``load_wait_s`` for its model to load."""
+    return dataclasses.replace(outcome, timing=dataclasses.replace(outcome.timing,
+                                                                   load_wait_s=load_wait_s))
 
 
 # -- what ran it -----------------------------------------------------------------------------
@@ -304,7 +318,7 @@ def plan_json(choice: Any) -> dict[str, Any]:
 def timing_json(outcome: Outcome) -> dict[str, float]:
     t = outcome.timing
     return {"queue_s": t.queue_s, "input_s": t.input_s, "infer_s": t.infer_s,
-            "output_s": t.output_s, "run_s": t.run_s}
+            "output_s": t.output_s, "run_s": t.run_s, "load_wait_s": t.load_wait_s}
 
 
 def run_json(outcome: Outcome) -> dict[str, Any]:
@@ -351,4 +365,4 @@ def v2_parameters(outcome: Outcome) -> dict[str, Any]:
 
 
 __all__ = ["Decoded", "decode_infer", "decode_v2", "hold", "infer_response", "plan_json", "run",
-           "run_json", "timing_json", "v2_parameters", "v2_response"]
+           "run_json", "timing_json", "v2_parameters", "v2_response", "with_load_wait"]

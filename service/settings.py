@@ -90,11 +90,23 @@ class Settings(PlannerSettings):
                                     description="most memory a plan may use (bytes or 64MB); 0 = what is free")
     memory_margin_bytes: int = Field(default=0, ge=0,
                                      description="memory kept back from plans (bytes or 16MB)")
+    models_memory_bytes: int = Field(
+        default=0, ge=0,
+        description="most memory the served models take together (bytes or 2GB): what each "
+                    "loaded model keeps (weights, runtime sessions and graphs, its batch "
+                    "buffer) and their plans; models load on demand within it, the least "
+                    "recently used idle one unloaded for another (0: the device's own bound: "
+                    "the cgroup limit, the GPU's or the host's free memory)")
     admit_wait_s: float | None = Field(
         default=None, ge=0, le=3600,
         description="under a memory limit, how long a request waits in line, its body unread, "
                     "for memory to free before 503 with Retry-After (default: its whole "
                     "request_timeout_s; the wait counts toward that timeout)")
+    device_cache_idle_s: float = Field(
+        default=1.0, ge=0, le=3600,
+        description="on CUDA, seconds without a plan running after which the allocator's cache "
+                    "is given back to the device, so a neighbour can take it (0: only when a "
+                    "smaller plan runs)")
     memory_sharing: Literal["arbiter", "static", "none"] = Field(
         default="arbiter",
         description="how models on one device share its memory: arbiter (leases, shares from "
@@ -113,6 +125,13 @@ class Settings(PlannerSettings):
         description="on the CPU: one torch thread runs every model's batches one at a time "
                     "(shared), or each model its own (per_model: models run at once, and "
                     "their memory is shared by the arbiter); CUDA is always per_model")
+    pipeline: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="a model's batches in two stages (on): its thread issues a batch to the "
+                    "device and a second thread waits for the output and encodes it, so the "
+                    "next batch is gathered and issued while the device runs this one (two in "
+                    "flight at most); off: each batch whole on the model's thread; auto: on "
+                    "for CUDA, off on the CPU (nothing overlaps there)")
     store_retry_base_s: float = Field(default=0.2, gt=0, le=60,
                                       description="first delay before reconnecting to a store that is down")
     store_retry_cap_s: float = Field(default=30.0, gt=0, le=3600,
@@ -121,7 +140,7 @@ class Settings(PlannerSettings):
                                 description="how often a directory store is polled for new tables")
 
     @field_validator("max_body_bytes", "max_json_bytes", "memory_limit_bytes",
-                     "memory_margin_bytes", mode="before")
+                     "memory_margin_bytes", "models_memory_bytes", mode="before")
     @classmethod
     def _sizes(cls, value: Any, info: Any) -> Any:
         return _size(value, info.field_name)
@@ -190,6 +209,10 @@ class Settings(PlannerSettings):
             raise ValueError(f"store_retry_cap_s {self.store_retry_cap_s} must be >= "
                              f"store_retry_base_s {self.store_retry_base_s}")
         return self
+
+    def pipelined(self, device: str) -> bool:
+        """Whether a model on ``device`` runs its batches in two stages (``pipeline``)."""
+        return self.pipeline == "on" or (self.pipeline == "auto" and device.startswith("cuda"))
 
     @property
     def line_wait_s(self) -> float:

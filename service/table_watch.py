@@ -147,8 +147,13 @@ class TableWatcher:
                       entry.table_version, exc, exc_info=not isinstance(exc, VbsError))
             self._unusable[entry.name] = stored.version  # not read again until a newer one
             return
-        await asyncio.to_thread(entry.worker.prepare, table)  # its runtimes' sessions, off the loop
-        entry.worker.table = table
+        worker = entry.worker
+        if worker is None:  # unloaded meanwhile: its next load reads the newest table
+            return
+        await asyncio.to_thread(worker.prepare, table)  # its runtimes' sessions, off the loop
+        if entry.worker is not worker:  # unloaded (or loaded again) meanwhile
+            return
+        worker.table = table
         entry.tables = tables
         old = entry.table_version
         entry.table_version = stored.version

@@ -4,8 +4,10 @@ Everything that takes memory on a device is counted here, behind a small interfa
 vLLM's ``KVCacheManager`` owns its blocks): the device's free memory (``MemoryProbe``: the
 driver's or the cgroup's reading, a configured cap, what the unit runtimes keep of the
 allocator's cache), the one margin kept back for all that is not a plan, the requests' holds
-and the idle working set under a cgroup limit (``RequestLedger``), and the plans' leases
-and shares among the models (``Arbiter``). It answers two questions:
+and the idle working set under a cgroup limit (``RequestLedger``), the plans' leases
+and shares among the models (``Arbiter``), and on CUDA what the allocator keeps cached after
+plans ran, given back when they no longer need it (``DeviceCache``), so that a neighbour can
+take it and the reading, and with it the plans, step down. It answers two questions:
 
 - **may this request in** (``admit``: a ticket, None for "not now", ``RequestTooLargeError``
   for "never"), and what it holds until answered (``resize``, ``keep``, ``done``);
@@ -26,7 +28,8 @@ from typing import Any, TypeVar
 from core.table import PlanTable
 from workers.arbiter import Arbiter, ArbiterListener, Lease, Sized, Snapshot
 from workers.cgroup import CgroupMemory, read_cgroup
-from workers.ledger import LedgerReport, RequestLedger, Ticket
+from workers.device_cache import DeviceCache
+from workers.ledger import GROWTH, LedgerReport, RequestLedger, Ticket
 from workers.memory import MemoryProbe
 from workers.shares import working_bytes
 
@@ -43,17 +46,23 @@ class DeviceMemory:
     is kept back from plans (0 under a cgroup limit: ``MIN_MARGIN`` or 1/``MARGIN_SHARE`` of
     the limit, whichever is more); ``sharing``, ``serial`` and ``listener`` are the arbiter's
     (``workers.arbiter``); ``read`` and ``trim`` the ledger's reading of the cgroup and its
-    allocator trim (tests give recorded ones).
+    allocator trim (tests give recorded ones); ``cache_idle_s``: on CUDA, how long the device
+    stays idle before the allocator's cache is given back (0: only when a smaller plan runs);
+    ``total`` the most the loaded models may keep and their plans use, all together (0: no
+    such cap; ``models_capacity``).
     """
 
     def __init__(self, device: str, *, limit: int = 0, margin: int = 0,
                  sharing: str = "arbiter", serial: bool = False,
                  listener: ArbiterListener | None = None,
                  read: Callable[[], CgroupMemory | None] = read_cgroup,
-                 trim: Callable[[], None] | None = None) -> None:
+                 trim: Callable[[], None] | None = None, cache_idle_s: float = 1.0,
+                 total: int = 0) -> None:
         self.device = device
         self.probe = MemoryProbe(device, limit=limit)
         self._margin = margin
+        self.total = total  # the most loaded models keep and their plans use together (0: none)
+        self._kept: dict[str, int] = {}  # what each loaded model keeps (``model_loaded``)
         self._ledger = RequestLedger(self._leased, self.one_sample_bytes, self.working_bytes,
                                      self.margin, read=read, trim=trim)
         # requests are counted only on a CPU under a cgroup memory limit, where the kernel
@@ -62,6 +71,7 @@ class DeviceMemory:
         self.arbiter = Arbiter(device, self.plan_free, mode=sharing, serial=serial,
                                ceiling=self.ceiling if self.ledger is not None else None,
                                listener=listener)
+        self.cache = DeviceCache(device, cache_idle_s) if device.startswith("cuda") else None
 
     def _leased(self) -> int:
         return self.arbiter.leased
@@ -81,9 +91,13 @@ class DeviceMemory:
         """Bytes free for plans now, all models together (the arbiter's budget reads it)."""
         reading = self.ledger.reading() if self.ledger is not None else None
         if reading is None:
-            return max(0, self.probe.free() - self.margin())
-        free = self.ledger.plan_free(reading)  # type: ignore[union-attr]
-        return min(free, self.probe.limit) if self.probe.limit else free
+            free = max(0, self.probe.free() - self.margin())
+        else:
+            free = self.ledger.plan_free(reading)  # type: ignore[union-attr]
+            free = min(free, self.probe.limit) if self.probe.limit else free
+        if self.total:  # what loaded models keep is under the same cap
+            free = min(free, max(0, self.total - sum(self._kept.values()) - self.margin()))
+        return free
 
     def ceiling(self) -> int:
         """The most plans could get with nothing held (under a cgroup limit): a batch whose
@@ -127,11 +141,24 @@ class DeviceMemory:
     def acquire(self, model: str, pick: Callable[[int], P | None], *, need: int,
                 timeout_s: float) -> Lease[P]:
         """A lease for ``model``'s next piece (``workers.arbiter.Arbiter.acquire``)."""
+        if self.cache is not None:
+            self.cache.busy()
         return self.arbiter.acquire(model, pick, need=need, timeout_s=timeout_s)
 
     def release(self, lease: Lease[Any]) -> None:
-        """Return a lease."""
+        """Return a lease (on CUDA, the allocator's cache beyond what live plans and a plan of
+        its size need is given back; once none is live, after ``cache_idle_s``)."""
         self.arbiter.release(lease)
+        if self.cache is not None:
+            live = self.arbiter.leased
+            self.cache.done(live + lease.bytes)
+            if not live:
+                self.cache.idle()
+
+    def close(self) -> None:
+        """Stop the cache's idle thread (the service is stopping)."""
+        if self.cache is not None:
+            self.cache.close()
 
     def shares(self) -> dict[str, int]:
         """Every model's share of the last budget read."""
@@ -181,6 +208,55 @@ class DeviceMemory:
         """Read what stays when nothing is held (after a model loads: its weights, buffers)."""
         if self.ledger is not None:
             self.ledger.rebase()
+
+    # ------------------------------------------------------------------ what loaded models keep
+
+    def model_loaded(self, model: str, kept: int) -> None:
+        """``model`` is loaded and keeps ``kept`` bytes until ``model_unloaded`` (its weights,
+        its runtimes' sessions and graphs, its batch buffer)."""
+        self._kept[model] = max(0, int(kept))
+        self._idle_moved(self._kept[model])
+
+    def model_unloaded(self, model: str, released: int) -> None:
+        """``model`` is unloaded, and gave ``released`` bytes back."""
+        self._kept.pop(model, None)
+        self._idle_moved(-max(0, int(released)))
+
+    def _idle_moved(self, change: int) -> None:
+        """Under a cgroup limit, the ledger's idle working set moved by ``change``."""
+        if self.ledger is not None:
+            self.ledger.move_idle(change)
+
+    def kept(self) -> dict[str, int]:
+        """What each loaded model keeps (``model_loaded``)."""
+        return dict(self._kept)
+
+    def in_use(self) -> int | None:
+        """Under a cgroup limit, the group's working set now (None elsewhere)."""
+        reading = self.ledger.reading() if self.ledger is not None else None
+        return reading.working_set if reading is not None else None
+
+    @property
+    def growth(self) -> float:
+        """How many times its bytes a plan counts against the memory it runs in (the ledger's
+        ``GROWTH`` under a cgroup limit, else 1)."""
+        return GROWTH if self.ledger is not None else 1.0
+
+    def models_capacity(self) -> int:
+        """What the loaded models may keep and their plans use, all together, now: the least
+        of ``total`` less the margin and, under a cgroup limit, the limit less the margin and
+        what the process holds besides its models (the idle working set less what they keep),
+        elsewhere what they keep plus the device's free memory less the margin."""
+        kept = sum(self._kept.values())
+        bounds = [self.total - self.margin()] if self.total else []
+        reading = self.ledger.reading() if self.ledger is not None else None
+        if reading is not None and reading.limit is not None:
+            idle = self.ledger.idle  # type: ignore[union-attr]
+            besides = max(0, (idle if idle is not None else reading.working_set) - kept)
+            bounds.append(reading.limit - self.margin(reading.limit) - besides)
+        else:
+            bounds.append(kept + self.probe.device_free() - self.margin())
+        return max(0, min(bounds))
 
     # ------------------------------------------------------------------ reports
 

@@ -145,6 +145,20 @@ class RequestLedger:
         reading = self._read()
         return reading if reading is not None and reading.limit is not None else None
 
+    @property
+    def idle(self) -> int | None:
+        """The working set when nothing is held (None: not read yet)."""
+        return self._idle
+
+    def move_idle(self, change: int) -> None:
+        """What stays when nothing is held changed by ``change`` bytes (a model loaded or
+        unloaded), known before it can be read again (requests are held now); ``rebase``
+        reads it once it can."""
+        with self._lock:
+            if self._idle is not None:
+                self._idle = max(0, self._idle + change)
+        self.rebase()
+
     def rebase(self, force: bool = True) -> None:
         """Read the idle working set when nothing is held or leased (caller holds no lock)."""
         if not self.active:

@@ -1,6 +1,11 @@
 """Step ``serve``: `vbs serve` under `vbs loadtest`, with vbs's tables and with fbs-best's at the
 same memory limit, while bench/memory_hog.py takes and frees memory beside it.
 
+The load is `vbs loadtest`'s client processes (``service.loadgen``): ``load_processes()`` of
+them, a closed loop of ``concurrency()`` requests in flight (twice the largest batch, or the
+configured clients if more), OIP v2 with binary tensors over HTTP, encoded once; each row
+carries the clients' own CPU (ms a request and cores) beside the served figures.
+
 `vbs plan` fills a directory store once (every strategy's table); the limit is the budget where
 the tables predict vbs's largest gain over fbs-best for a full batch. Then, per strategy: the
 service starts with that limit, the load test runs, the hog starts after the load's warm-up,
@@ -88,6 +93,16 @@ def choose_limit(store: Path, model: str, batch: int) -> dict[str, Any]:
     top = tables["vbs"].row(batch).peaks[-1]
     return {"limit": chosen["budget"], "predicted_gain": chosen["gain"], "candidates": candidates,
             "vbs_top_bytes": int(top), "fbs_best_min_bytes": int(tables["fbs-best"].min_peaks[0])}
+
+
+def concurrency(cfg: Config) -> int:
+    """Requests in flight: enough to fill the largest batch twice over."""
+    return max(cfg.serve.clients, 2 * cfg.serve.run.batch_max)
+
+
+def load_processes(cfg: Config) -> int:
+    """Client processes: a quarter of this machine's CPUs, 2 to 4 (never more than in flight)."""
+    return min(concurrency(cfg), max(2, min(4, (os.cpu_count() or 2) // 4)))
 
 
 def hog_args(spec: tuple[str, ...], limit: int) -> list[str]:
@@ -196,7 +211,8 @@ def _serve_one(cfg: Config, work: Path, solver: str, limit: int, deadline: Deadl
             sampler = Sampler(url, item.model)
             sampler.start()
             load = run([*VBS, "loadtest", "--url", url, "--model", item.model,
-                        "--clients", str(s.clients), "--samples", str(s.samples),
+                        "--processes", str(load_processes(cfg)),
+                        "--concurrency", str(concurrency(cfg)), "--samples", str(s.samples),
                         "--duration", str(s.duration_s), "--warmup", str(s.warmup_s), "--json"],
                        timeout_s=s.duration_s + s.warmup_s + 120)
             sampler.stop.set()
@@ -204,6 +220,9 @@ def _serve_one(cfg: Config, work: Path, solver: str, limit: int, deadline: Deadl
             out["load"] = _load_summary(load.output)
             if out["load"] is None:
                 out["load_error"] = load.tail(1500)
+            else:
+                out["client_cpu"] = {k: out["load"].get(k) for k in (
+                    "processes", "client_cpu_ms_per_request", "client_cores")}
             hog_rc = hog.wait(timeout=s.duration_s + s.warmup_s + 60)
             out["hog"] = json.loads(hog_out.read_text()) if hog_out.exists() else \
                 {"rc": hog_rc, "error": (hog.stderr.read() if hog.stderr else "")[-1000:]}
@@ -242,7 +261,8 @@ def main(cfg: Config, work: Path, rec: Record, deadline: Deadline) -> None:
     if not rec.check(f"vbs plan {item.label}", planned.ok, planned.tail(400)):
         return
     limit = choose_limit(store, item.model, item.batch_max)
-    rec.set(limit=limit, model=item.label, clients=s.clients, samples=s.samples,
+    rec.set(limit=limit, model=item.label, clients=concurrency(cfg), samples=s.samples,
+            load_processes=load_processes(cfg), load="closed loop, OIP v2 binary over HTTP",
             duration_s=s.duration_s, margin=s.margin, plan_s=planned.seconds)
     for solver in SOLVERS:
         if not deadline.allows(item.estimate_s / 2):
@@ -265,6 +285,13 @@ def main(cfg: Config, work: Path, rec: Record, deadline: Deadline) -> None:
                   f"served {metrics.get('samples')}, load test counted {load.get('ok')}")
         rec.check(f"serve {solver}: the hog took memory", (one.get("hog") or {}).get("cycles", 0) > 0,
                   json.dumps(one.get("hog"))[:300])
+        if cfg.device.startswith("cuda"):
+            # the service gives its allocator's cache back (workers/device_cache.py), so the
+            # hog's cycles move its reading: plans at three or more budgets (on the CPU the
+            # hog is not in the service's group: nothing to follow)
+            peaks = (one.get("over_time") or {}).get("plan_peaks_seen", [])
+            rec.check(f"serve {solver}: plans followed the hog", len(peaks) >= 3,
+                      f"plan peaks seen: {peaks}")
         # uvicorn drains, then raises the signal it caught again: 130 is the drained exit
         rec.check(f"serve {solver}: stopped on SIGINT", one.get("service_rc") in (0, 130),
                   f"exit {one.get('service_rc')}")

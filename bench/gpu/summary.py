@@ -263,17 +263,25 @@ def _energy(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _client_cpu(load: dict[str, Any]) -> str:
+    """The load generator's own CPU: it shows the clients were not the limit."""
+    per, cores = load.get("client_cpu_ms_per_request"), load.get("client_cores")
+    return "—" if per is None or cores is None else f"{per:.2f}, {cores:.2f}"
+
+
 def _serve(r: dict[str, Any]) -> list[str]:
     limit = r.get("limit") or {}
     lines = ["## The service under load while another process takes memory", "",
-             f"`vbs serve` ({r.get('model')}, {r.get('clients')} clients x {r.get('samples')} "
-             f"sample(s), {r.get('duration_s')} s, margin {r.get('margin')}) with a memory limit "
+             f"`vbs serve` ({r.get('model')}, {r.get('clients')} requests in flight x "
+             f"{r.get('samples')} sample(s) from {r.get('load_processes', 1)} client "
+             f"process(es), {r.get('load', 'closed loop')}, {r.get('duration_s')} s, margin {r.get('margin')}) with a memory limit "
              f"of {_mib(limit.get('limit'))} MiB (where the tables predict vbs's largest gain "
              f"over fbs-best, {limit.get('predicted_gain', 0):.2f}x, for a full batch), "
              "bench/memory_hog.py taking and freeing memory beside it.", "",
              "| tables | answered | errors | samples/s | p50 (ms) | p99 (ms) | OOM retries | "
              "splits | rejected | 5xx | plan peaks seen (MiB) | memory free seen (MiB) | hog "
-             "cycles | exit |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "cycles | clients' CPU (ms/request, cores) | exit |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for one in r["items"]:
         load, m, seen = one.get("load") or {}, one.get("metrics") or {}, one.get("over_time") or {}
         peaks = seen.get("plan_peaks_seen") or []
@@ -285,8 +293,9 @@ def _serve(r: dict[str, Any]) -> list[str]:
             f"{_n(m.get('requests_5xx'))} | {len(peaks)}: "
             f"{_mib(peaks[0]) if peaks else '—'}-{_mib(peaks[-1]) if peaks else '—'} | "
             f"{_mib(seen.get('free_min'))}-{_mib(seen.get('free_max'))} | "
-            f"{(one.get('hog') or {}).get('cycles', 0)} | {one.get('service_rc')} |"
-            if one.get("ready") else f"| {one['solver']} | not ready | | | | | | | | | | | | |")
+            f"{(one.get('hog') or {}).get('cycles', 0)} | {_client_cpu(load)} | "
+            f"{one.get('service_rc')} |"
+            if one.get("ready") else f"| {one['solver']} | not ready | | | | | | | | | | | | | |")
     rates = {one["solver"]: (one.get("load") or {}).get("throughput_samples_per_s")
              for one in r["items"]}
     if rates.get("vbs") and rates.get("fbs-best"):

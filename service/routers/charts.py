@@ -33,7 +33,7 @@ async def get_curves(
         batch: Annotated[int | None, Query(description="request size; default: the table's largest")] = None,
 ) -> Response:
     request.state.vbs_endpoint = "models"
-    entry = registry.ready_entry(name)
+    entry = registry.planned_entry(name)
     request.state.vbs_model = entry.name
     table, tables = entry.table, entry.tables
     r = table.batch_max if batch is None else batch
@@ -50,9 +50,9 @@ async def get_curves(
             responses=_ERRORS)
 async def get_tree(name: str, request: Request, registry: RegistryDep) -> Response:
     request.state.vbs_endpoint = "models"
-    entry = registry.ready_entry(name)
+    entry = registry.planned_entry(name)
     request.state.vbs_model = entry.name
-    profile = entry.prepared.profile
+    profile = entry.profile
     answer = entry.cached(("tree", entry.fingerprint), lambda: orjson.dumps({
         "model": entry.name, "fingerprint": entry.fingerprint, "root": tree(profile)}))
     return Response(answer, media_type="application/json")

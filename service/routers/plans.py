@@ -39,7 +39,7 @@ async def get_plan(
         program: Annotated[bool, Query(description="also list every step of each plan")] = False,
 ) -> Response:
     request.state.vbs_endpoint = "plan"
-    entry = registry.ready_entry(model)
+    entry = registry.planned_entry(model)
     request.state.vbs_model = entry.name
     table = entry.table
     r = table.batch_max if batch is None else batch
@@ -48,7 +48,7 @@ async def get_plan(
                                    f"{entry.name}'s table")
     memory: dict[str, object] = {}
     if mem is None:  # the model's share now (what its next batch may plan for)
-        budget = await run_in_threadpool(entry.worker.allowance)
+        budget = await run_in_threadpool(registry.memory.allowance, entry.name)
         sharing = registry.memory.sharing()  # the device's one owner: the model's share of it
         source = f"share ({sharing['mode']})"
         memory = {"memory_shares": sharing["shares"],

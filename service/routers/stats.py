@@ -44,9 +44,10 @@ router = APIRouter(prefix="/models", tags=["models"], dependencies=[ApiKey], lif
 async def get_stats(name: str, request: Request, registry: RegistryDep,
                     metrics: MetricsDep) -> dict[str, Any]:
     request.state.vbs_endpoint = "models"
-    entry = registry.ready_entry(name)
+    entry = registry.planned_entry(name)
     request.state.vbs_model = entry.name
-    free = await run_in_threadpool(entry.worker.probe.free)
+    probe = registry.memory.probe
+    free = await run_in_threadpool(probe.free)
     live = metrics.live
     figures = live.figures(entry.name)
     table = entry.table
@@ -54,7 +55,7 @@ async def get_stats(name: str, request: Request, registry: RegistryDep,
     batcher = entry.batcher
     return {
         "model": entry.name, "window_s": figures.window_s,
-        "memory_free_bytes": free, "memory_limit_bytes": entry.worker.probe.limit,
+        "memory_free_bytes": free, "memory_limit_bytes": probe.limit, "state": entry.state,
         "cgroup_limit": registry.memory.report().to_json(),
         "queue": batcher.waiting if batcher else 0,
         "running": bool(batcher and batcher.running),

@@ -37,14 +37,16 @@ def server_metadata() -> dict[str, object]:
 
 
 def model_metadata(entry: ModelEntry) -> dict[str, object]:
-    """A ready model's OIP metadata (HTTP and gRPC answer the same; gRPC has no
-    ``parameters``)."""
+    """A model's OIP metadata, loaded or not (HTTP and gRPC answer the same; gRPC has no
+    ``parameters``, where ``state`` says whether it is loaded now)."""
     datatype = V2_OF_DTYPE.get(entry.spec.dtype, "FP32")  # bfloat16 is sent as FP32
+    table = entry.table if entry.planned else entry.estimate
     return {"name": entry.name, "versions": ["1"], "platform": "pytorch_vbs",
             "inputs": [{"name": "input", "datatype": datatype, "shape": [-1, *entry.input_shape]}],
             "outputs": [{"name": OUTPUT_NAME, "datatype": "FP32",
                          "shape": [-1, *entry.output_shape]}],
-            "parameters": {"model": entry.spec.name, "batch_max": entry.table.batch_max,
+            "parameters": {"model": entry.spec.name, "state": entry.state,
+                           "batch_max": table.batch_max if table is not None else None,
                            "fingerprint": entry.fingerprint, "table_version": entry.table_version}}
 
 
@@ -66,7 +68,7 @@ router.add_api_route("/health/ready", health.get_ready, methods=["GET"],
 @router.get("/models/{name}", summary="Model metadata",
             responses=error_responses({**BAD_REQUEST, **NO_MODEL, **NOT_READY}))
 async def get_model(name: str, registry: RegistryDep) -> dict[str, object]:
-    return model_metadata(registry.ready_entry(name))
+    return model_metadata(registry.described_entry(name))
 
 
 def model_config(entry: ModelEntry, max_delay_s: float) -> dict[str, object]:
@@ -87,7 +89,7 @@ def model_config(entry: ModelEntry, max_delay_s: float) -> dict[str, object]:
 @router.get("/models/{name}/config", summary="Model configuration (Triton's extension)",
             responses=error_responses({**BAD_REQUEST, **NO_MODEL, **NOT_READY}))
 async def get_model_config(name: str, registry: RegistryDep) -> dict[str, object]:
-    return model_config(registry.ready_entry(name), registry.settings.max_batch_delay_ms / 1e3)
+    return model_config(registry.planned_entry(name), registry.settings.max_batch_delay_ms / 1e3)
 
 
 @router.get("/models/{name}/ready", summary="Model readiness",
@@ -96,8 +98,10 @@ async def get_model_ready(name: str, registry: RegistryDep) -> JSONResponse:
     entry = registry.get(name)
     if entry.ready:
         return JSONResponse({"name": entry.name, "ready": True})
-    return JSONResponse({"error": registry.not_ready_reason(), "name": entry.name, "ready": False},
-                        status_code=503, headers={"Retry-After": "5"})
+    why = (f"model {entry.name} is {entry.state}" + (f": {entry.error or entry.reason}"
+                                                     if entry.error or entry.reason else ""))
+    return JSONResponse({"error": why, "name": entry.name, "ready": False,
+                         "state": entry.state}, status_code=503, headers={"Retry-After": "5"})
 
 
 async def post_model_infer(request: Request, name: str) -> Response:

@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import free_port
+from tests.workers.cgroups import serve_in_group, wait_ready
 from bench.memory_group import MemoryGroup, NoGroup
 
 MiB = 2**20
@@ -75,23 +76,7 @@ def _serve(group: MemoryGroup, tmp: Path, port: int, grpc_port: int
              "--model", MODEL, "--input-shape", ",".join(map(str, SHAPE)),
              "--batch-max", str(BATCH_MAX), "--store", str(tmp / "store"),
              "--port", str(port), "--log-level", "warning"]
-    return subprocess.Popen(["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"',
-                             str(group.path), *serve], env=env,
-                            stdout=subprocess.DEVNULL, stderr=open(tmp / "serve.log", "wb"))
-
-
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + READY_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"vbs serve exited {proc.returncode}: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(url + "/v2/health/ready", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"vbs serve not ready in {READY_S} s: {log.read_text()[-2000:]}")
+    return serve_in_group(group.path, serve, env, tmp / "serve.log")
 
 
 async def _grpc_calls(target: str, x: np.ndarray) -> list[tuple[str, str | None]]:
@@ -163,7 +148,7 @@ def test_vbs_serve_stays_under_its_cgroup_limit_through_a_burst(group: MemoryGro
     url = f"http://127.0.0.1:{port}"
     proc = _serve(group, tmp_path, port, grpc_port)
     try:
-        _wait_ready(url, proc, tmp_path / "serve.log")
+        wait_ready(url, proc, tmp_path / "serve.log", READY_S)
         rng = np.random.default_rng(0)
         for n in (1, 4, BATCH_MAX, 2):  # warm: each request size once
             x = rng.standard_normal((n, *SHAPE)).astype(np.float32)

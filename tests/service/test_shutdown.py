@@ -6,7 +6,9 @@ that requests are provably inside the server (one running, the rest queued, read
 /metrics) when SIGTERM arrives. Then: new requests are turned away (HTTP: 503, or the
 connection refused once the listener is closed; gRPC: UNAVAILABLE), every request accepted
 before the signal is answered with model(x) (HTTP 200, gRPC OK), and the process shuts down
-cleanly within its grace period (request timeout + 5 s).
+cleanly within its grace period (request timeout + 5 s). Twice: each batch whole on the
+model's thread (the CPU's default), and pipelined (``VBS_PIPELINE=on``: issued there, finished
+on the finisher's thread), whose two stages both drain.
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ START_TIMEOUT_S = 180.0
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, Path, Path, str]]:
+@pytest.fixture(params=["auto", "on"], ids=["whole", "pipelined"])
+def server(tmp_path: Path, request: pytest.FixtureRequest
+           ) -> Iterator[tuple[subprocess.Popen[bytes], str, Path, Path, str]]:
     torch.manual_seed(0)
     weights = tmp_path / "weights.pt"
     torch.save(gated_two_layer().state_dict(), weights)
@@ -52,7 +55,7 @@ def server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, Path,
     env = {k: v for k, v in os.environ.items() if not k.startswith("VBS_")}
     # torch runs the units: the gate is a Python side effect, which an ONNX export drops
     env.update({GATE_FILE_ENV: str(gate), "VBS_CACHE_DIR": str(tmp_path / "cache"),
-                "VBS_RUNTIME": "torch",
+                "VBS_RUNTIME": "torch", "VBS_PIPELINE": request.param,
                 "VBS_PROFILE_REPEATS": "1", "VBS_PROFILE_WARMUP": "0", "VBS_SLOT_COUNT": "64",
                 "NUMBA_CACHE_DIR": str(tmp_path / "numba"),
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))})

@@ -3,7 +3,11 @@ files a test rewrites as the group's use changes; and plan tables of a known siz
 
 from __future__ import annotations
 
+import subprocess
+import time
 from pathlib import Path
+
+import httpx
 
 from core.table import PlanTable
 from planner.solver.tables import build_table
@@ -47,3 +51,28 @@ def table_of(need: int, want: int | None = None) -> PlanTable:
     times = [1.0 + 0.05 * (b - 1) for b in range(1, batches + 1)]
     profile = chain_profile([(0, need, times, [0] * batches)], batch_max=batches)
     return build_table(profile, slot_bytes=MiB)
+
+
+def serve_in_group(group: Path, argv: list[str], env: dict[str, str], log: Path
+                   ) -> subprocess.Popen[bytes]:
+    """``argv`` started inside the memory cgroup ``group`` (joined before it execs, so all it
+    allocates counts), its stderr to ``log``."""
+    return subprocess.Popen(["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"',
+                             str(group), *argv], env=env,
+                            stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
+    """Until ``url``'s /v2/health/ready answers 200; AssertionError with the log's tail when
+    the process exits first or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"vbs serve exited {proc.returncode}: {log.read_text()[-3000:]}")
+        try:
+            if httpx.get(url + "/v2/health/ready", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)  # a server starting: polled, not gated (another process)
+    raise AssertionError(f"vbs serve not ready in {timeout_s} s: {log.read_text()[-3000:]}")

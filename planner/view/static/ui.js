@@ -369,16 +369,26 @@
                      info.table ? `table ${info.table.solver}` +
                        (info.table.version ? ` v${info.table.version}` : '') : null,
                      typeof info.memory_share_bytes === 'number'
-                       ? `memory share ${fmtBytes(info.memory_share_bytes)}` : null];
+                       ? `memory share ${fmtBytes(info.memory_share_bytes)}` : null,
+                     info.state && info.state !== 'ready' ? info.state : null,
+                     typeof info.kept_bytes === 'number' && info.state === 'ready'
+                       ? `keeps ${fmtBytes(info.kept_bytes)}` : null];
       this.facts.textContent = parts.filter(Boolean).join(' · ');
       if (this.started) return;
-      if (info.state === 'ready') {
+      // a model unloaded (loaded on demand) still has its tables: its plans are drawn
+      if (info.state === 'ready' || (info.table && info.state !== 'failed')) {
         this.started = true;
         this.planNote.hidden = true;
         this.body.hidden = false;
         this.start();
       } else if (info.state === 'failed') {
         this.showError(new ApiError(0, `Model ${info.name} failed to load: ${info.error || 'see the service log'}`));
+      } else if (info.state === 'unloaded' || info.state === 'unloading') {
+        this.error.hidden = true;
+        this.planNote.hidden = false;
+        this.planNote.textContent = `Model ${info.name} is not loaded: it loads on its first ` +
+          `request (or POST /v2/repository/models/${info.name}/load), and this page goes on ` +
+          'then.' + (info.reason ? ` ${info.reason}` : '');
       } else {
         this.error.hidden = true;
         this.planNote.hidden = false;
