@@ -81,7 +81,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from core.sizes import parse_bytes  # noqa: E402
-from memory_group import MemoryGroup, NoGroup  # noqa: E402
+from memory_group import MemoryGroup, NoGroup, stop  # noqa: E402
 from service.loadtest import request_body  # noqa: E402
 
 MiB = 2**20
@@ -107,18 +107,6 @@ def _group(name: str, limit: int) -> MemoryGroup:
     group.set_limit(limit)
     group.reset_peak()
     return group
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(process.pid, 15)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, 9)
-        process.wait(timeout=30)
 
 
 def _tail(log: Path, lines: int = 12) -> str:
@@ -248,7 +236,7 @@ def footprints_vbs(args: argparse.Namespace, body: bytes, headers: dict[str, str
             out[model] = {"peak": group.peak(), "working_set": group.working_set(),
                           "kept": kept, "status": status}
         finally:
-            _stop(process)
+            stop(process)
             group.remove()
         print(f"# vbs alone {model}: peak {out[model]['peak'] / MiB:.0f} MiB, kept "
               f"{(kept or 0) / MiB:.0f} MiB", file=sys.stderr, flush=True)
@@ -286,7 +274,7 @@ def footprints_triton(args: argparse.Namespace, repo: Path, body: bytes,
             print(f"# triton alone {model}: peak {(peak or 0) / MiB:.0f} MiB, load "
                   f"{load_s:.1f} s", file=sys.stderr, flush=True)
     finally:
-        _stop(process)
+        stop(process)
         group.remove()
     return base, out
 
@@ -534,7 +522,7 @@ def run_server(server: str, args: argparse.Namespace, limit: int, body: bytes,
             row["log"] = _tail(log)
         return row
     finally:
-        _stop(process)
+        stop(process)
         group.remove()
 
 

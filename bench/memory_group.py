@@ -3,6 +3,8 @@ memory-limit bench puts each server in one, the cgroup test one `vbs serve`. Roo
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -79,3 +81,17 @@ class MemoryGroup:
                 return
             except OSError:
                 time.sleep(0.1)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """Stop a server started in a session of its own (``start_new_session``): SIGTERM to its
+    process group, SIGKILL after a minute."""
+    try:
+        os.killpg(process.pid, 15)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        process.wait(timeout=30)

@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from core.sizes import parse_bytes  # noqa: E402
 from service.loadtest import request_body  # noqa: E402
-from memory_group import MemoryGroup, NoGroup  # noqa: E402
+from memory_group import MemoryGroup, NoGroup, stop  # noqa: E402
 
 MiB = 2**20
 
@@ -100,18 +100,6 @@ def start(config: str, args: argparse.Namespace, group: MemoryGroup, port: int,
     process = subprocess.Popen([*join, *cmd], env=env, stdout=subprocess.DEVNULL,
                                stderr=log.open("wb"), start_new_session=True)
     return process, path, fmt, most
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(process.pid, 15)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, 9)
-        process.wait(timeout=30)
 
 
 def wait_answering(url: str, fmt: str, shape: tuple[int, ...], process: subprocess.Popen[bytes],
