@@ -231,24 +231,24 @@ class InferenceService(rpc.GRPCInferenceServiceServicer):
     @_answered("grpc")
     async def RepositoryModelLoad(self, request: Any, context: Any,  # noqa: N802
                                   call: _Call) -> Any:
-        self._authorize(context)
-        entry = self._repository_entry(request)
-        repository.check_parameters(_parameters(request.parameters), "parameters",
-                                    loading=True)
-        call.model = entry.name
-        await self.registry.residency.load(entry)
+        await self._change(request, context, call, loading=True)
         return pb.RepositoryModelLoadResponse()
 
     @_answered("grpc")
     async def RepositoryModelUnload(self, request: Any, context: Any,  # noqa: N802
                                     call: _Call) -> Any:
+        await self._change(request, context, call, loading=False)
+        return pb.RepositoryModelUnloadResponse()
+
+    async def _change(self, request: Any, context: Any, call: _Call, *, loading: bool) -> None:
+        """Load or unload the model a repository call names, its parameters checked."""
         self._authorize(context)
         entry = self._repository_entry(request)
         repository.check_parameters(_parameters(request.parameters), "parameters",
-                                    loading=False)
+                                    loading=loading)
         call.model = entry.name
-        await self.registry.residency.unload(entry)
-        return pb.RepositoryModelUnloadResponse()
+        residency = self.registry.residency
+        await (residency.load(entry) if loading else residency.unload(entry))
 
     def _repository_entry(self, request: Any) -> ModelEntry:
         repository.check_repository(request.repository_name, "repository_name")

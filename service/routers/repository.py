@@ -104,21 +104,22 @@ async def post_index(request: Request, registry: RegistryDep) -> JSONResponse:
                  413: "the model could never fit in the memory the models may take",
                  503: "it failed to load, or did not fit beside busy models in time"}))
 async def post_load(name: str, request: Request, registry: RegistryDep) -> JSONResponse:
-    request.state.vbs_endpoint = "models"
-    entry = registry.get(name)
-    request.state.vbs_model = entry.name
-    check_parameters(_parameters(await _body(request)), "parameters", loading=True)
-    await registry.residency.load(entry)
-    return JSONResponse(registry.residency.index_of(entry))
+    return await _change(name, request, registry, loading=True)
 
 
 @router.post("/models/{name}/unload", summary="Unload a model once its requests are answered",
              openapi_extra=UNLOAD_BODY,
              responses=error_responses({**BAD_REQUEST, **UNAUTHORIZED, **NO_MODEL}))
 async def post_unload(name: str, request: Request, registry: RegistryDep) -> JSONResponse:
+    return await _change(name, request, registry, loading=False)
+
+
+async def _change(name: str, request: Request, registry: Any, *, loading: bool) -> JSONResponse:
+    """Load or unload model ``name``, its body's parameters checked; its index entry after."""
     request.state.vbs_endpoint = "models"
     entry = registry.get(name)
     request.state.vbs_model = entry.name
-    check_parameters(_parameters(await _body(request)), "parameters", loading=False)
-    await registry.residency.unload(entry)
-    return JSONResponse(registry.residency.index_of(entry))
+    check_parameters(_parameters(await _body(request)), "parameters", loading=loading)
+    residency = registry.residency
+    await (residency.load(entry) if loading else residency.unload(entry))
+    return JSONResponse(residency.index_of(entry))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -31,7 +30,7 @@ from planner.pipeline import prepare
 from planner.store import open_store
 from service.settings import Settings
 from tests.conftest import free_port
-from tests.workers.cgroups import serve_in_group, wait_ready
+from tests.workers.cgroups import serve_in_group, stop_server, wait_ready
 from tests.service.heavy import INPUT
 
 MiB = 2**20
@@ -87,15 +86,6 @@ def _serve(group: MemoryGroup, tmp: Path, port: int, models: list[str], log: str
     return serve_in_group(group.path, serve, _env(tmp), tmp / log)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
-
-
 def _v2(x: np.ndarray) -> dict[str, Any]:
     return {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
                         "data": x.ravel().tolist()}]}
@@ -114,7 +104,7 @@ def _largest_alone(group: MemoryGroup, tmp: Path) -> int:
         time.sleep(0.6)  # idle: what stays
         return group.working_set()
     finally:
-        _stop(proc)
+        stop_server(proc)
 
 
 async def _traffic(url: str) -> list[tuple[str, int, str]]:
@@ -174,4 +164,4 @@ def test_five_models_in_a_cgroup_that_holds_the_largest_plus_200_mib(
         assert counts["unloads"] >= 1 and counts["loads"] >= len(MODELS), counts
         print(f"limit {limit >> 20} MiB, peak {(peak or 0) >> 20} MiB, {counts}")
     finally:
-        _stop(proc)
+        stop_server(proc)

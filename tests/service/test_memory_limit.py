@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import io
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import free_port
-from tests.workers.cgroups import serve_in_group, wait_ready
+from tests.workers.cgroups import serve_in_group, stop_server, wait_ready
 from bench.memory_group import MemoryGroup, NoGroup
 
 MiB = 2**20
@@ -197,9 +196,4 @@ def test_vbs_serve_stays_under_its_cgroup_limit_through_a_burst(group: MemoryGro
         # every request answered over either protocol had a place in the ledger
         assert info["admitted"] - admitted >= counts[200] + grpc_codes["OK"], (info, admitted)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_server(proc)

@@ -76,3 +76,13 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: fl
             pass
         time.sleep(0.5)  # a server starting: polled, not gated (another process)
     raise AssertionError(f"vbs serve not ready in {timeout_s} s: {log.read_text()[-3000:]}")
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (the server drains), SIGKILL after 30 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
