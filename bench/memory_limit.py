@@ -8,7 +8,8 @@ Every server runs in a memory cgroup of its own that this bench creates (v1 or v
 the machine has; root needed), its limit set before it starts, as a pod's is: the server and
 every process it starts (Triton's Python backend stub) are inside it. ``vbs`` is `vbs serve`
 with the tables of a `vbs plan` run beforehand outside the limit (``--store``: planning
-profiles every layer, which a pod does once, elsewhere); ``triton-ort-B`` is the
+profiles every layer, which a pod does once, elsewhere); ``vbs-lean`` the same store served
+without torch (``VBS_LEAN=on``: the compiled model `vbs plan` stored); ``triton-ort-B`` is the
 ``tritonserver`` binary of nvidia-pytriton with its dynamic batcher at ``max_batch_size`` B
 feeding ONNX Runtime in its Python backend, with its defaults (``bench/peers_triton.py``), the
 same weights exported once; ``lit-ort-B`` is LitServe (``bench/peers.py serve-lit``) at
@@ -77,7 +78,11 @@ def start(config: str, args: argparse.Namespace, group: MemoryGroup, port: int,
     env = {**os.environ, "VBS_CACHE_DIR": args.cache_dir, "PYTHONPATH": str(ROOT),
            "VBS_REQUEST_TIMEOUT_S": str(args.timeout)}  # as long as its clients wait
     shape = ",".join(map(str, args.shape))
-    if config == "vbs":
+    if config in ("vbs", "vbs-lean"):
+        # vbs-lean: the worker without torch (VBS_LEAN=on), serving the compiled model of the
+        # same store; the tables must then be all ONNX Runtime runs (VBS_RUNTIME=onnxruntime
+        # for the plan and for both servers)
+        env["VBS_LEAN"] = "on" if config == "vbs-lean" else "off"
         cmd = [args.vbs_python, "-c", "from service.commands import main; main()", "serve",
                "--model", args.model, "--input-shape", shape, "--batch-max", str(args.batch_max),
                "--store", args.store, "--port", str(port), "--grpc-port", "0",
@@ -258,7 +263,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="vbs-memlimit-") as work:
         args.work = work
-        if any(s != "vbs" for s in args.servers.split(",")):
+        if any(not s.startswith("vbs") for s in args.servers.split(",")):
             from peers_models import export_onnx
 
             args.onnx = export_onnx(args.model, args.shape, Path(work) / f"{args.model}.onnx")

@@ -8,23 +8,15 @@ Loading itself (torchvision, the built-in C3D, a factory, a weights file) is
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
 
+from core.spec import ModelSpec
+
+__all__ = ["DTYPES", "LoadedModel", "ModelSpec"]
+
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """What to load: the model's name and how to run it."""
-
-    name: str
-    input_shape: tuple[int, ...] | None = None  # per sample; None = the model's default
-    dtype: str = "float32"
-    device: str = "cpu"
-    weights: Path | None = None
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 def load_capture(args: argparse.Namespace, settings: Settings) -> Any:
     """Load and capture the model the flags name (imports torch)."""
     from planner.graph.capture import capture
-    from core.loaded import ModelSpec
+    from core.spec import ModelSpec
     from core.shapes import parse_shape
     from planner.models import apply_threads, load_model
 

@@ -30,7 +30,7 @@ from planner.settings import Settings, split_model_entry
 
 def _specs(args: argparse.Namespace, settings: Settings) -> list[tuple[str, Any]]:
     """(served name, ModelSpec) for every --model, else every VBS_MODELS entry."""
-    from core.loaded import ModelSpec
+    from core.spec import ModelSpec
     from core.shapes import parse_shape
 
     entries = args.model or list(settings.models)
@@ -63,7 +63,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                solver=args.solver or settings.solver,
                                objective=args.objective or settings.objective,
                                grid=args.grid or None, replan=args.replan,
-                               progress=not args.quiet)
+                               progress=not args.quiet, compile=True, served=served)
             table = prepared.table
             how = "solved and published" if prepared.published else "already in the store"
             others = ", ".join(f"{s} {len(t.plans)}" for s, t in prepared.tables.items()

@@ -92,17 +92,7 @@ class Done:
 def host_buffer(worker: Worker, n: int) -> tuple[Any, np.ndarray]:
     """A host buffer for n samples, at least the table's largest request (pinned on CUDA),
     and a numpy view of it."""
-    import torch
-
-    loaded = worker.capture.model
-    # numpy has no bfloat16: such a batch is written as float32 and cast on the device
-    dtype = torch.float32 if loaded.torch_dtype == torch.bfloat16 else loaded.torch_dtype
-    buffer = torch.empty((max(n, worker.batch_max), *worker.capture.input_shape),
-                         dtype=dtype, pin_memory=loaded.device.type == "cuda")
-    # its pages now, not when the first full batch writes them: in the group's working set
-    # from the start, which the memory limit's ledger reads as what stays
-    buffer.numpy().fill(0)
-    return buffer, buffer.numpy()
+    return worker.model.host_buffer(max(n, worker.batch_max))
 
 
 class BatchStage:
@@ -111,11 +101,12 @@ class BatchStage:
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
-        self._buffer: Any = None    # the batch buffer (a torch tensor) and its numpy view
+        self._buffer: Any = None    # the batch buffer and its numpy view
 
     @property
     def buffer(self) -> Any:
-        """The batch buffer now (a torch tensor; None before the first batch)."""
+        """The batch buffer now (a torch tensor, or an array for a model served without torch;
+        None before the first batch)."""
         return self._buffer[0] if self._buffer is not None else None
 
     def host(self, n: int) -> tuple[Any, np.ndarray]:
@@ -153,10 +144,8 @@ class BatchStage:
 
     def run(self, batch: Sequence[Rows]) -> Done:
         """The batch written, run, read back and encoded request by request."""
-        import torch
-
         t0 = time.perf_counter()
-        loaded = self.worker.capture.model
+        model = self.worker.model
         buffer, host = self.host(sum(p.n for p in batch))
         total, copies, refused = self._write(batch, host)
         t1 = time.perf_counter()
@@ -164,17 +153,11 @@ class BatchStage:
             return Done([(host[:0], refused[i], copies[i], 0.0) for i in range(len(batch))],
                         RunInfo((), 0, 0), infer_s=0.0, transfer_s=0.0,
                         run_s=time.perf_counter() - t0, samples=0)
-        x = buffer[:total]
-        if x.device != loaded.device or x.dtype != loaded.torch_dtype:  # not on a CPU float32
-            x = x.to(device=loaded.device, dtype=loaded.torch_dtype, non_blocking=True)
+        x = model.to_input(buffer[:total])
         t2 = time.perf_counter()
         y, info = self.worker.infer(x)
         t3 = time.perf_counter()
-        if y.device.type != "cpu" or y.dtype != torch.float32:
-            y = y.to(device="cpu", dtype=torch.float32)
-        if buffer.data_ptr() <= y.data_ptr() < buffer.data_ptr() + buffer.nbytes:
-            y = y.clone()  # a model that returns its input: the buffer is reused next batch
-        out = y.numpy()
+        out = model.to_host(y, buffer)
         t4 = time.perf_counter()
         rows = encode_rows(batch, out, copies, refused)
         return Done(rows, info, infer_s=t3 - t2, transfer_s=(t2 - t1) + (t4 - t3),

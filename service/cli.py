@@ -131,20 +131,25 @@ def serve_settings(args: argparse.Namespace) -> Any:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from core.loaded import ModelSpec
-    from planner.models import sketch_model
+    from core.spec import ModelSpec
     from planner.store import printable_location
     from service.grpc_server import run as run_server
     from service.main import create_app
     from service.fast.protocol import http_protocol
 
     settings = serve_settings(args)
-    # fail fast on a model that cannot load: each built on the meta device, its weights file
-    # read there too (no memory: more models than memory holds load on demand)
-    for served, name, shape in settings.served_models:
-        sketch_model(ModelSpec(name=name, input_shape=shape, dtype=settings.dtype,
-                               device=settings.device, weights=settings.weights),
-                     check_weights=True)
+    specs = [(served, ModelSpec(name=name, input_shape=shape, dtype=settings.dtype,
+                                device=settings.device, weights=settings.weights))
+             for served, name, shape in settings.served_models]
+    if settings.lean_for(settings.device):
+        _check_compiled(settings, specs)
+    else:
+        from planner.models import sketch_model
+
+        # fail fast on a model that cannot load: each built on the meta device, its weights
+        # file read there too (no memory: more models than memory holds load on demand)
+        for _, spec in specs:
+            sketch_model(spec, check_weights=True)
     logging.getLogger("vbs").setLevel(args.log_level.upper())
     if not logging.getLogger().handlers:
         logging.basicConfig(level=args.log_level.upper(),
@@ -158,6 +163,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
                log_level=args.log_level, access_log=settings.access_log,
                timeout_graceful_shutdown=int(settings.request_timeout_s) + 5)
     return 0
+
+
+def _check_compiled(settings: Any, specs: list[tuple[str, Any]]) -> None:
+    """Served without torch: fail fast on a model the store holds no compiled form of (a
+    store that is down is waited for by the loads, as always)."""
+    from core.errors import StoreError
+    from planner.store import open_store
+    from planner.stored import compiled_key
+
+    try:
+        store = open_store(settings.store_location)
+    except StoreError:
+        return
+    try:
+        for served, spec in specs:
+            if store.get_model(compiled_key(served, spec)) is None:
+                raise UsageError(f"{served}: the store {store.location} holds no compiled model "
+                                 f"of it, and this server runs without torch (VBS_LEAN={settings.lean}): "
+                                 f"run `vbs plan --model {served}={spec.name}"
+                                 f"{'@' + ','.join(map(str, spec.input_shape)) if spec.input_shape else ''}"
+                                 f" --store {store.location}` first")
+    except StoreError:
+        return
+    finally:
+        store.close()
 
 
 def cmd_loadtest(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.loaded import ModelSpec
+from core.spec import ModelSpec
 from core.lru import LRU
 from core.table import PlanTable
 from planner.families import Preprocess
@@ -40,7 +40,8 @@ class ModelEntry:
     starting: bool = True           # its load at start is under way: requests get 503 at once
     explicit: bool = False          # unloaded through the repository API: loaded only through it
     # while loaded
-    prepared: Any = None            # planner.pipeline.Prepared
+    prepared: Any = None            # planner.pipeline.Prepared, or planner.stored.StoredModel
+    lean: bool = False              # served from its compiled form, without torch
     worker: Any = None              # workers.worker.Worker
     batcher: Batcher | None = None
     # kept when unloaded
@@ -127,6 +128,9 @@ class ModelEntry:
                                "dtype": self.spec.dtype, "device": self.spec.device,
                                "input_shape": list(self.input_shape) or None,
                                "loads": self.loads, "kept_bytes": self.kept_bytes}
+        if self.worker is not None:  # what runs it: the captured torch model, or the compiled one
+            out["runs_on"] = ("compiled ONNX graphs, without torch" if self.lean
+                              else "the captured torch model")
         if self.error:
             out["error"] = self.error
         if self.reason and not self.ready:

@@ -25,6 +25,7 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -171,31 +172,50 @@ class ModelLoader:
             return self._store
 
     def _prepare(self, entry: ModelEntry) -> None:
-        """Capture, table (from the store or solved), worker, labels, preprocessing (a thread)."""
+        """Capture, table (from the store or solved), worker, labels, preprocessing (a thread);
+        or, served without torch (``Settings.lean_for``), the compiled model from the store."""
         from core.runtimes.base import RuntimeOptions
-        from planner.pipeline import prepare
+        from planner.store.keys import table_id
         from workers.worker import Worker
 
         store = self._sync_store()
         s = self.settings
-        prepared = prepare(entry.spec, s, store, batch_max=s.batch_max, solver=s.solver,
-                           objective=s.objective, repair=False, progress=False)
-        version = store.table_version(prepared.table_id)
+        lean = s.lean_for(entry.spec.device)
+        if lean:
+            from planner.stored import read_compiled
+            from workers.array_backend import ArrayModel
+
+            prepared: Any = read_compiled(store, entry.name, entry.spec, s.solver, s.objective)
+            model: Any = ArrayModel(prepared.compiled, prepared.profile.root,
+                                    prepared.fingerprint)
+            log.info("%s: served without torch from compiled model %s", entry.name,
+                     prepared.compiled_id)
+        else:
+            from planner.pipeline import prepare
+
+            prepared = prepare(entry.spec, s, store, batch_max=s.batch_max, solver=s.solver,
+                               objective=s.objective, repair=False, progress=False)
+            model = prepared.capture
+        table = prepared.tables[s.solver]
+        tid = table_id(prepared.fingerprint, s.solver, table.objective)
+        version = store.table_version(tid)
         # the device's one reading of its free memory, shared by every model on it
-        worker = Worker(prepared.capture, prepared.table, self.memory.probe, name=entry.name,
+        worker = Worker(model, table, self.memory.probe, name=entry.name,
                         memory=self.memory, lease_timeout_s=s.request_timeout_s,
                         runtime_options=RuntimeOptions(spin=s.ort_spin,
                                                        max_sessions=s.ort_sessions))
         self.memory.budget()  # read here, on the torch thread: known from the start
-        out_shape = tuple(prepared.capture.output_shape)
-        labels = labels_for(entry.spec.name, out_shape[0]) if len(out_shape) == 1 else None
-        pre = build_preprocess(entry.spec.name, tuple(prepared.capture.input_shape))
+        in_shape, out_shape = tuple(worker.model.input_shape), tuple(worker.model.output_shape)
+        labels, pre = ((stored_inputs(prepared.compiled.meta) if lean else
+                        (labels_for(entry.spec.name, out_shape[0]) if len(out_shape) == 1 else None,
+                         build_preprocess(entry.spec.name, in_shape))))
         entry.prepared, entry.worker, entry.tables = prepared, worker, dict(prepared.tables)
-        entry.solver, entry.profile = prepared.table.solver, prepared.profile
-        entry.fingerprint, entry.table_id = prepared.fingerprint, prepared.table_id
-        entry.shapes = (tuple(prepared.capture.input_shape), out_shape)
+        entry.solver, entry.profile = table.solver, prepared.profile
+        entry.fingerprint, entry.table_id = prepared.fingerprint, tid
+        entry.lean = lean
+        entry.shapes = (in_shape, out_shape)
         entry.table_version = version
-        entry.table_meta = {"solver": prepared.table.solver, "slot_bytes": prepared.table.slot_bytes}
+        entry.table_meta = {"solver": table.solver, "slot_bytes": table.slot_bytes}
         entry.labels = labels
         if pre is not None:
             entry.preprocess, entry.image_mode = pre
@@ -220,22 +240,25 @@ class ModelLoader:
         """What ``entry`` takes before it is first loaded (on its torch thread): its weights
         and shapes from a build on the meta device, its table as the store has it under its
         name (a table of another fingerprint may differ a little: an estimate). Nothing here
-        fails the model: what cannot be known now is known once it loads."""
-        from planner.models import sketch_model
-        from planner.pipeline import model_key
+        fails the model: what cannot be known now is known once it loads. Served without torch,
+        the weights and shapes are the compiled model's, read from the store."""
+        from planner.stored import model_key
         from planner.store.keys import table_id
 
         try:
-            sketch = sketch_model(entry.spec)
+            weights, in_shape, out_shape, meta = self._sketch(entry)
         except Exception as exc:  # noqa: BLE001 - its load says what is wrong
             log.debug("%s: no sketch: %s", entry.name, exc)
             return
-        entry.weights_bytes = sketch.weights_bytes
+        entry.weights_bytes = weights
         if entry.shapes is None:
-            entry.shapes = (sketch.input_shape, sketch.output_shape)
-            if sketch.output_shape is not None and len(sketch.output_shape) == 1:
-                entry.labels = labels_for(entry.spec.name, sketch.output_shape[0])
-            pre = build_preprocess(entry.spec.name, sketch.input_shape)
+            entry.shapes = (in_shape, out_shape)
+            if meta is not None:
+                entry.labels, pre = stored_inputs(meta)
+            else:
+                if out_shape is not None and len(out_shape) == 1:
+                    entry.labels = labels_for(entry.spec.name, out_shape[0])
+                pre = build_preprocess(entry.spec.name, in_shape)
             if pre is not None:
                 entry.preprocess, entry.image_mode = pre
         s = self.settings
@@ -248,6 +271,27 @@ class ModelLoader:
         except Exception as exc:  # noqa: BLE001 - not planned yet, or the store is down
             log.debug("%s: no table to estimate its plans by: %s", entry.name, exc)
 
+    def _sketch(self, entry: ModelEntry) -> tuple[int, tuple[int, ...], tuple[int, ...] | None,
+                                                  dict[str, Any] | None]:
+        """(weights bytes, input shape, output shape, the compiled model's meta or None) of a
+        model not loaded yet."""
+        if self.settings.lean_for(entry.spec.device):
+            from core.compiled import CompiledModel
+            from planner.stored import compiled_key
+
+            store = self._sync_store()
+            cid = store.get_model(compiled_key(entry.name, entry.spec))
+            blob = store.get_compiled(cid) if cid else None
+            if blob is None:
+                raise LookupError(f"no compiled model of {entry.name} in {store.location}")
+            shapes, meta = CompiledModel.manifest(blob, f"compiled model {cid}")
+            return (int(meta.get("weight_bytes", 0)), shapes.input_shape, shapes.output_shape,
+                    meta)
+        from planner.models import sketch_model
+
+        sketch = sketch_model(entry.spec)
+        return sketch.weights_bytes, sketch.input_shape, sketch.output_shape, None
+
     async def close(self) -> None:
         """Give back the torch threads (their batchers drained first) and the store."""
         for executor in {self._cpu_thread, *self._executors.values()}:
@@ -256,16 +300,30 @@ class ModelLoader:
             await asyncio.to_thread(self._store.close)
 
 
+def stored_inputs(meta: dict[str, Any]) -> tuple[list[str] | None, tuple[Any, str] | None]:
+    """A compiled model's class names and image preprocessing (with its Pillow mode), as
+    `vbs plan` stored them from the model's family (``planner.compile``)."""
+    from planner.families.common import ImageSpec
+
+    images = meta.get("images")
+    pre = (ImageSpec.from_json(images).preprocess(), str(images["mode"])) if images else None
+    labels = meta.get("labels")
+    return (list(map(str, labels)) if labels else None), pre
+
+
 def kept_bytes(entry: ModelEntry) -> int:
     """What a loaded model keeps on its device, as its parts say: its weights and buffers,
     what its runtimes keep between calls, and on the CPU its batch buffer (on CUDA that is
     host memory)."""
-    module = entry.prepared.capture.model.module
-    weights = sum(t.numel() * t.element_size()
-                  for t in (*module.parameters(), *module.buffers()))
+    if entry.lean:  # the stored graphs it composes runs from, and the sessions' copies
+        weights, itemsize = entry.prepared.compiled.weight_bytes(), 4
+    else:
+        module = entry.prepared.capture.model.module
+        weights = sum(t.numel() * t.element_size()
+                      for t in (*module.parameters(), *module.buffers()))
+        itemsize = entry.prepared.capture.model.torch_dtype.itemsize
     kept = weights + entry.worker.held_bytes
     if entry.spec.device == "cpu":
-        itemsize = entry.prepared.capture.model.torch_dtype.itemsize
         kept += entry.table.batch_max * int(np.prod(entry.input_shape, dtype=np.int64)) * itemsize
     return int(kept)
 

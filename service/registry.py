@@ -20,7 +20,7 @@ import logging
 import random
 from typing import Any
 
-from core.loaded import ModelSpec
+from core.spec import ModelSpec
 from planner.store import Backoff
 from service.admission import AdmissionLine
 from service.entry import FAILED, ModelEntry

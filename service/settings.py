@@ -132,6 +132,13 @@ class Settings(PlannerSettings):
                     "next batch is gathered and issued while the device runs this one (two in "
                     "flight at most); off: each batch whole on the model's thread; auto: on "
                     "for CUDA, off on the CPU (nothing overlaps there)")
+    lean: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="serve a CPU model from its compiled form in the store, without torch "
+                    "(on): its plans run ONNX Runtime's sessions on numpy arrays, and neither "
+                    "torch nor the weights file is read (`vbs plan` compiles it; a plan with "
+                    "a torch step is refused); off: capture the torch model as always; auto: "
+                    "on where torch cannot be imported (the lean worker image)")
     store_retry_base_s: float = Field(default=0.2, gt=0, le=60,
                                       description="first delay before reconnecting to a store that is down")
     store_retry_cap_s: float = Field(default=30.0, gt=0, le=3600,
@@ -210,6 +217,12 @@ class Settings(PlannerSettings):
                              f"store_retry_base_s {self.store_retry_base_s}")
         return self
 
+    def lean_for(self, device: str) -> bool:
+        """Whether a model on ``device`` is served from its compiled form, without torch."""
+        if not device.startswith("cpu") or self.lean == "off":
+            return False
+        return self.lean == "on" or not torch_importable()
+
     def pipelined(self, device: str) -> bool:
         """Whether a model on ``device`` runs its batches in two stages (``pipeline``)."""
         return self.pipeline == "on" or (self.pipeline == "auto" and device.startswith("cuda"))
@@ -230,3 +243,12 @@ class Settings(PlannerSettings):
                     raise ValueError(f"{field}: {name!r} is not a served model (served: "
                                      f"{', '.join(served) or 'none'}); use the served name")
         return self
+
+
+def torch_importable() -> bool:
+    """Whether ``import torch`` works here (the lean worker image has none)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -129,6 +129,9 @@ class TableWatcher:
                     entry.fingerprint, self.settings.solver, self.settings.objective):
                 raise UsageError(f"the table under {entry.table_id} holds {table.solver!r} plans "
                                  f"for {table.objective!r} of fingerprint {table.fingerprint}")
+            why = entry.worker.unusable(table) if entry.worker is not None else ""
+            if why:
+                raise UsageError(why)
             tables = {table.solver: table}
             for solver in entry.tables:  # the strategies /plan compares it with, if readable
                 if solver == table.solver:

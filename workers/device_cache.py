@@ -10,6 +10,12 @@ slack, and when the device has been idle (no lease) for ``idle_s``. A plan of th
 run again never trims (no ``cudaMalloc`` for each batch). What remains cached is
 then what this service holds for its own plans; the rest the driver reports free to everyone.
 
+Not every cached byte can be given back, or used by any block: ``empty_cache`` frees only
+whole free segments and, with expandable segments (``core.cuda_allocator``), only the whole
+pages inside free blocks; a CUDA graph's private pool is its graphs' while they live. What
+is left (free bytes beside live tensors) fits only the blocks that fit in it. ``cache_of``
+sorts the allocator's own segments (``torch.cuda.memory_snapshot``) by what they are good for.
+
 The decisions are ``excess`` (pure) and ``IdleTrim`` (one thread that waits for the idle
 moment); ``DeviceCache`` joins them to the allocator. On a CPU there is no such cache.
 """
@@ -19,12 +25,88 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 log = logging.getLogger("vbs.workers.device_cache")
 
 MIN_SLACK = 32 * 2**20  # cached bytes beyond the plans' needs that are not worth a trim
 SLACK_SHARE = 4         # ... or 1/SLACK_SHARE of what the plans need, whichever is more
+
+# What an expandable segment maps and unmaps at a time (PyTorch's kSmallBuffer, kLargeBuffer)
+SMALL_PAGE = 2 * 2**20   # the small pool's (blocks of 1 MiB or less)
+LARGE_PAGE = 20 * 2**20  # the large pool's
+
+
+@dataclass(frozen=True)
+class Cache:
+    """The allocator's cached, unused bytes on one device, by what they are good for."""
+
+    releasable: int   # what empty_cache gives back: whole free segments, whole free pages
+    reusable: int     # releasable, and the large pool's free blocks at the ends of mapped
+    #                   ranges: a block of any size can start or end there (and map the rest)
+    pools: int        # free in CUDA graphs' private pools: their graphs' (the runtime's)
+    expandable: bool  # the allocator maps pages: the driver's free memory serves in pages
+
+
+def _pages(start: int, size: int, origin: int, page: int) -> int:
+    """The bytes of the whole pages (counted from ``origin``) inside [start, start + size)."""
+    first = origin + -(-(start - origin) // page) * page
+    last = origin + (start + size - origin) // page * page
+    return max(0, last - first)
+
+
+def cache_of(segments: Iterable[Mapping[str, Any]]) -> Cache:
+    """Sort the segments of ``torch.cuda.memory_snapshot()`` (one device's) as the allocator
+    treats them: ``release_cached_blocks`` frees a segment's block only when it is the whole
+    segment, and on an expandable segment (reported as one segment per mapped range, which
+    starts on a page) unmaps only the whole pages inside a free block; a private pool's
+    blocks are freed only once its graphs are gone. A mapped range's last block borders
+    unmapped address space, and so does its first, but for the lowest range of its stream
+    (taken to start the segment's address space)."""
+    releasable = reusable = pools = 0
+    expandable = False
+    ranges: list[Mapping[str, Any]] = []
+    for segment in segments:
+        total = int(segment.get("total_size", 0))
+        if tuple(segment.get("segment_pool_id", (0, 0))) != (0, 0):
+            pools += max(0, total - int(segment.get("allocated_size", 0)))
+        elif segment.get("is_expandable", False):
+            ranges.append(segment)
+        elif segment.get("blocks") and all(b.get("state") == "inactive"
+                                           for b in segment["blocks"]):
+            releasable += total
+            reusable += total
+    lowest: dict[tuple[Any, bool], int] = {}
+    for segment in ranges:
+        key = (segment.get("stream"), segment.get("segment_type", "large") != "small")
+        lowest[key] = min(lowest.get(key, 1 << 64), int(segment.get("address", 0)))
+    for segment in ranges:
+        expandable = True
+        large = segment.get("segment_type", "large") != "small"
+        page = LARGE_PAGE if large else SMALL_PAGE
+        origin = start = int(segment.get("address", 0))
+        blocks = list(segment.get("blocks", ()))
+        ends = {len(blocks) - 1} if origin == lowest[(segment.get("stream"), large)] else \
+            {0, len(blocks) - 1}
+        for i, block in enumerate(blocks):
+            size = int(block.get("size", 0))
+            if block.get("state") == "inactive":
+                whole = _pages(start, size, origin, page)
+                releasable += whole
+                reusable += size if large and i in ends else whole
+            start += size
+    return Cache(releasable, reusable, pools, expandable)
+
+
+def allocator_cache(device: Any) -> Cache:
+    """``cache_of`` the allocator's segments on ``device`` (a CUDA device) now."""
+    import torch
+
+    device = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return cache_of(s for s in torch.cuda.memory_snapshot() if s.get("device", index) == index)
 
 
 def excess(unused: int, wanted: int) -> int:
@@ -96,10 +178,9 @@ class DeviceCache:
         self._idle = IdleTrim(self.trim, idle_s) if idle_s > 0 else None
 
     def unused(self) -> int:
-        import torch
-
-        return max(0, torch.cuda.memory_reserved(self.device)
-                   - torch.cuda.memory_allocated(self.device))
+        """What a trim would give back now (``Cache.releasable``): reserved less allocated
+        counts free bytes beside live tensors and CUDA graphs' pools, which it cannot."""
+        return allocator_cache(self.device).releasable
 
     def trim(self) -> None:
         import torch

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,8 +31,8 @@ import torch
 from core.errors import ExecutionError, OutOfMemoryError
 from core.units import Capture
 from core.runner import run_node
-from core.runtimes import KINDS, TORCH
-from core.runtimes.base import UnitRuntime
+from core.runtimes import KINDS, TORCH, load as rt_load
+from core.runtimes.base import RuntimeOptions, UnitRuntime
 from core.runtimes.eager import EagerUnits
 from core.walk import walk
 from core.program import Step
@@ -223,3 +224,64 @@ def execute(capture: Capture, steps: Iterable[Step], x: torch.Tensor,
     retries); any other failure of a unit becomes an ExecutionError naming the model.
     """
     return prepare(capture, steps, splits, runs, x.shape[0])(x, runtimes)
+
+
+@dataclass(frozen=True)
+class TorchModel:
+    """A captured model as a worker runs it (``workers.worker.Served``): its runtimes loaded
+    from the capture, its plans run by the executor on tensors."""
+
+    capture: Capture
+
+    @property
+    def name(self) -> str:
+        return self.capture.model.spec.name
+
+    @property
+    def tree(self) -> Any:
+        return self.capture.tree
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.capture.input_shape)
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        return tuple(self.capture.output_shape)
+
+    def load_runtime(self, name: str, options: RuntimeOptions) -> UnitRuntime:
+        return rt_load(name, self.capture, options)
+
+    def prepare(self, steps: Iterable[Step], splits: dict[int, list[int]] | None,
+                runs: dict[int, int] | None, samples: int) -> Prepared:
+        return prepare(self.capture, steps, splits, runs, samples)
+
+    def concat(self, outputs: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(outputs)
+
+    def host_buffer(self, n: int) -> tuple[torch.Tensor, np.ndarray]:
+        """A host buffer for n samples (pinned on CUDA) and a numpy view of it."""
+        loaded = self.capture.model
+        # numpy has no bfloat16: such a batch is written as float32 and cast on the device
+        dtype = torch.float32 if loaded.torch_dtype == torch.bfloat16 else loaded.torch_dtype
+        buffer = torch.empty((n, *self.input_shape), dtype=dtype,
+                             pin_memory=loaded.device.type == "cuda")
+        # its pages now, not when the first full batch writes them: in the group's working
+        # set from the start, which the memory limit's ledger reads as what stays
+        buffer.numpy().fill(0)
+        return buffer, buffer.numpy()
+
+    def to_input(self, x: torch.Tensor) -> torch.Tensor:
+        """Rows of the host buffer as the model takes them: on its device, in its dtype."""
+        loaded = self.capture.model
+        if x.device != loaded.device or x.dtype != loaded.torch_dtype:  # not on a CPU float32
+            x = x.to(device=loaded.device, dtype=loaded.torch_dtype, non_blocking=True)
+        return x
+
+    def to_host(self, y: torch.Tensor, buffer: torch.Tensor) -> np.ndarray:
+        """An output as float32 numpy on the host, never a view of the reused ``buffer``."""
+        if y.device.type != "cpu" or y.dtype != torch.float32:
+            y = y.to(device="cpu", dtype=torch.float32)
+        if buffer.data_ptr() <= y.data_ptr() < buffer.data_ptr() + buffer.nbytes:
+            y = y.clone()  # a model that returns its input: the buffer is reused next batch
+        return y.numpy()

@@ -1,7 +1,10 @@
 """How many bytes are free for activations right now, on the device a worker runs on.
 
-CUDA: what the driver reports free (``torch.cuda.mem_get_info``) plus what PyTorch's caching
-allocator holds but does not use (reserved − allocated): both can be given to a plan.
+CUDA: what the driver reports free (``torch.cuda.mem_get_info``), in the pages the caching
+allocator maps, plus what the allocator caches that a block of any size can use
+(``workers.device_cache.Cache.reusable``). Not reserved − allocated: that also counts free bytes
+wedged between live tensors, which only smaller blocks fit, and on a device a neighbour has
+filled they would hold the reading above what a plan can get.
 CPU: the least headroom under the cgroup memory limits on this process's path (limit minus
 working set, ``workers.cgroup``), never more than the kernel's ``MemAvailable``. Either way
 the result is capped by the configured limit. What is kept back from plans (the margin) is the
@@ -15,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workers.cgroup import mem_available, parse_limit, parse_meminfo, read_headroom
+from workers.device_cache import LARGE_PAGE, allocator_cache
 
 __all__ = ["MemoryProbe", "cgroup_free", "cpu_free", "cuda_free", "parse_limit", "parse_meminfo",
            "release_cached"]
@@ -36,12 +40,24 @@ def cpu_free(proc: Path = Path("/proc"), fs_root: Path = Path("/")) -> int:
 
 
 def cuda_free(device: int | str = 0) -> int:
-    """Free memory on a CUDA device, counting what the caching allocator holds unused."""
+    """Free memory on a CUDA device for this process's plans: the driver's free memory (in
+    whole large pages where the allocator maps pages: less cannot hold a large block), what
+    the allocator caches that any block can use, and what CUDA graphs' private pools keep
+    unused (their runtimes take it off again: ``MemoryProbe.keep``)."""
     import torch
 
     free, _total = torch.cuda.mem_get_info(device)
-    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    return int(free + max(0, cached))
+    cache = allocator_cache(device)
+    if cache.expandable:
+        free -= free % LARGE_PAGE
+    return int(free + cache.reusable + cache.pools)
+
+
+def cuda_driver_free(device: int | str = 0) -> int:
+    """What the driver reports free on a CUDA device, the allocator's cache not read."""
+    import torch
+
+    return int(torch.cuda.mem_get_info(device)[0])
 
 
 def release_cached(device: str) -> None:
@@ -90,5 +106,10 @@ class MemoryProbe:
         return max(0, free)
 
     def free(self) -> int:
+        if self.limit and self.source is None and self.device.startswith("cuda"):
+            # the driver alone covers the limit: the allocator's blocks need not be walked
+            kept = sum(cached() for cached in list(self.kept.values()))
+            if cuda_driver_free(self.device) - LARGE_PAGE - kept >= self.limit:
+                return self.limit
         free = self.device_free()
         return min(free, self.limit) if self.limit else free

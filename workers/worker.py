@@ -28,21 +28,57 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
+from typing import TYPE_CHECKING, Any, Protocol
 
 from core import runtimes as rt
 from core.errors import InfeasibleError, OutOfMemoryError, UsageError
+from core.gate import MODULE_GATE
 from core.lru import OwnedLRU
-from core.units import MODULE_GATE, Capture
-from core.program import Plan, Program
+from core.program import Plan, Program, Step
 from core.runs import TreeIndex
 from core.runtimes.base import RuntimeOptions, UnitRuntime
 from core.table import PlanTable, TablePlan
+from core.tree import Series
 from workers.arbiter import Lease, Leases
-from workers.executor import Prepared, prepare as prepare_run
+from workers.array_backend import ArrayModel
 from workers.memory import MemoryProbe, cpu_free, release_cached
 
+if TYPE_CHECKING:
+    from core.units import Capture
+
 log = logging.getLogger("vbs.worker")
+
+
+class Served(Protocol):
+    """What a worker runs: a captured torch model (``workers.executor.TorchModel``) or a
+    compiled one on numpy arrays (``workers.array_backend.ArrayModel``)."""
+
+    name: Any
+    tree: Series
+    input_shape: Any
+    output_shape: Any
+
+    def load_runtime(self, name: str, options: RuntimeOptions) -> UnitRuntime: ...
+
+    def prepare(self, steps: tuple[Step, ...], splits: dict[int, list[int]] | None,
+                runs: dict[int, int] | None, samples: int) -> Any: ...
+
+    def concat(self, outputs: list[Any]) -> Any: ...
+
+    def host_buffer(self, n: int) -> tuple[Any, Any]: ...
+
+    def to_input(self, x: Any) -> Any: ...
+
+    def to_host(self, y: Any, buffer: Any) -> Any: ...
+
+
+def served(model: "Capture | ArrayModel") -> Served:
+    """A captured model (torch, imported now) or a compiled one, as a worker runs it."""
+    if isinstance(model, ArrayModel):
+        return model
+    from workers.executor import TorchModel
+
+    return TorchModel(model)
 
 
 @dataclass(frozen=True)
@@ -132,16 +168,17 @@ class WorkerStats:
 class Worker:
     """Runs batches of one captured model with the table's plan for the memory free now."""
 
-    def __init__(self, capture: Capture, table: PlanTable, probe: MemoryProbe,
+    def __init__(self, capture: "Capture | ArrayModel", table: PlanTable, probe: MemoryProbe,
                  *, max_oom_retries: int = 4, name: str | None = None,
                  memory: Leases | None = None, lease_timeout_s: float = 30.0,
                  runtimes: dict[str, UnitRuntime] | None = None,
                  runtime_options: RuntimeOptions | None = None) -> None:
-        self.capture = capture
+        self.capture = capture  # a torch Capture, or the compiled ArrayModel
+        self.model = served(capture)
         self.probe = probe
         self.max_oom_retries = max_oom_retries
         self.stats = WorkerStats()
-        self.name = name or capture.model.spec.name  # as the device's memory knows it
+        self.name = name or self.model.name  # as the device's memory knows it
         self.memory = memory
         self.lease_timeout_s = lease_timeout_s
         self.runtimes: dict[str, UnitRuntime] = dict(runtimes or {})
@@ -151,8 +188,11 @@ class Worker:
         # the process's memory on the CPU, the device's free memory on CUDA (not a plan budget)
         room = probe.device_free if probe.device.startswith("cuda") else cpu_free
         self.runtime_options = dataclasses.replace(runtime_options or RuntimeOptions(), room=room)
+        why = self.unusable(table)
+        if why:
+            raise UsageError(why)
         self.table = table
-        self._prepared: OwnedLRU[Prepared] = OwnedLRU(256)  # by table, plan and samples
+        self._prepared: OwnedLRU[Any] = OwnedLRU(256)  # by table, plan and samples
         self.prepare(table)
 
     def runtime(self, name: str) -> UnitRuntime:
@@ -160,7 +200,7 @@ class Worker:
         what it keeps in the device allocator's cache is not counted as free from then on."""
         found = self.runtimes.get(name)
         if found is None:
-            found = self.runtimes[name] = rt.load(name, self.capture, self.runtime_options)
+            found = self.runtimes[name] = self.model.load_runtime(name, self.runtime_options)
             self.probe.keep(found, lambda: found.cached_bytes)  # type: ignore[union-attr]
         return found
 
@@ -168,6 +208,17 @@ class Worker:
     def held_bytes(self) -> int:
         """What this model's runtimes keep between calls (sessions, graphs and their pools)."""
         return sum(r.held_bytes for r in list(self.runtimes.values()))
+
+    def unusable(self, table: PlanTable) -> str:
+        """Why this worker cannot run some plan of ``table`` ('' when it can run them all): a
+        worker without torch runs only plans of ONNX Runtime runs (``ArrayModel.unrunnable``)."""
+        if isinstance(self.model, ArrayModel):
+            why = self.model.unrunnable(table)
+            if why:
+                return (f"{self.name}: {why}, and this worker serves the compiled model without "
+                        "torch: plan it with --runtime onnxruntime, or serve it with torch "
+                        "(VBS_LEAN=off)")
+        return ""
 
     def prepare(self, table: PlanTable, free: int | None = None) -> None:
         """Get ready to run ``table``'s plans: the runtimes its plans call, and what they make
@@ -180,7 +231,7 @@ class Worker:
         if not calling:
             return
         free = table.top_bytes if free is None else free
-        tree = TreeIndex.of(self.capture.tree)
+        tree = TreeIndex.of(self.model.tree)
         # the largest requests first: a graph's static buffers are sized by the first runs
         for r in range(table.batch_max, 0, -1):
             fit = table.largest_fitting(r, free)
@@ -231,7 +282,7 @@ class Worker:
         choice = self.pick(table, r, free)
         if choice is None:
             need = int(table.min_peaks[0])
-            raise InfeasibleError(f"{self.capture.model.spec.name}: no plan of one sample fits in "
+            raise InfeasibleError(f"{self.model.name}: no plan of one sample fits in "
                                   f"{free} free bytes; it needs {need}, {max(0, need - free)} "
                                   "bytes more")
         return choice
@@ -257,21 +308,21 @@ class Worker:
         return Choice(c.table, c.index, c.batch, c.free_bytes, c.seconds, lease.waited_s,
                       lease.stepped_down), lease
 
-    def _plan_run(self, choice: Choice) -> Prepared:
+    def _plan_run(self, choice: Choice) -> Any:
         """The executor's way of running ``choice``'s plan, decided the first time it runs."""
         return self._prepared.get_or_make(
             choice.table, (choice.index, choice.batch),
-            lambda: prepare_run(self.capture, choice.program.steps, choice.splits, choice.runs,
-                                choice.batch))
+            lambda: self.model.prepare(choice.program.steps, choice.splits, choice.runs,
+                                       choice.batch))
 
-    def infer(self, x: torch.Tensor, free: Callable[[], int] | None = None) -> tuple[torch.Tensor, RunInfo]:
+    def infer(self, x: Any, free: Callable[[], int] | None = None) -> tuple[Any, RunInfo]:
         """``model(x)`` for a batch of any size, within the memory free when each piece runs
         (``free`` overrides the reading, and the leases: for tests and benchmarks)."""
         table = self.table  # one table for the whole batch, whatever is swapped in meanwhile
         n = int(x.shape[0])
         if n < 1:
-            raise UsageError(f"{self.capture.model.spec.name}: a batch needs at least one sample")
-        outputs: list[torch.Tensor] = []
+            raise UsageError(f"{self.model.name}: a batch needs at least one sample")
+        outputs: list[Any] = []
         choices: list[Choice] = []
         retries = attempts = 0
         below: int | None = None  # after an out-of-memory: stay below what failed
@@ -298,7 +349,7 @@ class Worker:
             retries += 1
             attempts += 1
             if attempts > self.max_oom_retries:
-                raise OutOfMemoryError(f"{self.capture.model.spec.name}: still out of memory "
+                raise OutOfMemoryError(f"{self.model.name}: still out of memory "
                                        f"after {self.max_oom_retries} smaller plans: {message}")
             log.warning("%s; retry %d with a smaller plan", message, attempts)
             # Outside the except block: the failed attempt's tensors are freed by now, so the
@@ -307,4 +358,4 @@ class Worker:
             below = choice.peak_bytes - 1
         info = RunInfo(tuple(choices), retries, len(choices) - 1)
         self.stats.add(info)
-        return (outputs[0] if len(outputs) == 1 else torch.cat(outputs)), info
+        return (outputs[0] if len(outputs) == 1 else self.model.concat(outputs)), info

@@ -13,8 +13,11 @@ one static input and one static output buffer (views of two flat buffers, large 
 the largest run captured). Nothing allocated inside the pool outlives its capture (the
 output is copied into the static buffer inside the graph), so the pool holds only
 intermediates, which any later capture may reuse: replays on one stream, one at a time
-(``_lock``), never meet, in any order. The pool's segments and the static buffers are what
-the runtime keeps (``held_bytes``); the pool's part of the allocator's cache is not free for
+(``_lock``), never meet, in any order. A capture names the pool only while a graph captured
+into it lives (the allocator asserts ``use_count > 0`` on a pool whose graphs are all gone):
+when the graphs are given back (larger static buffers, no room), the next capture starts a
+new pool. The pool's segments and the static buffers are what the runtime keeps
+(``held_bytes``); the pool's part of the allocator's cache is not free for
 plans (``cached_bytes``, taken off the worker's reading of free memory). They are measured
 after every capture from the allocator's own segments. A graph is captured when the worker
 prepares a table (the runs its plans use), else on its first call, when memory allows
@@ -177,7 +180,7 @@ class GraphUnits:
         """Give back every graph, the pool and the static buffers."""
         with self._lock:
             self._graphs.clear()
-            self._pool = None
+            self._pool = None  # its graphs are gone: never named again (see _record)
             self._in = self._out = torch.empty(0, dtype=torch.uint8, device=self.device)
             self._pool_reserved = self._pool_allocated = 0
             gc.collect()
@@ -219,6 +222,10 @@ class GraphUnits:
         exact where nothing else allocates meanwhile, as when profiling)."""
         if self._stream is None:
             self._stream = torch.cuda.Stream(self.device)
+        if self._pool is None or not self._graphs:
+            # A pool is shared only with graphs alive in it. With none left, the allocator
+            # keeps its entry until it counts all its memory given back (with expandable
+            # segments it may never), and a capture naming it fails use_count > 0.
             self._pool = torch.cuda.graph_pool_handle()
         x.zero_()
         stream = self._stream
@@ -246,6 +253,8 @@ class GraphUnits:
         """Static buffers for a larger run: the graphs captured read the old ones, so they
         are given back first (and captured again when they next run)."""
         self._graphs.clear()
+        self._pool = None  # its graphs are gone: the next capture starts a new one
+        self._pool_reserved = self._pool_allocated = 0
         self._in = self._out = torch.empty(0, dtype=torch.uint8, device=self.device)
         gc.collect()
         self._in = torch.empty(max(in_bytes, 1), dtype=torch.uint8, device=self.device)

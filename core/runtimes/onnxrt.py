@@ -1,99 +1,29 @@
-"""ONNX Runtime under the plan: one InferenceSession per run of units, outputs bound in place.
+"""ONNX Runtime under the plan, on torch tensors: the sessions of ``core.runtimes.ort_sessions``
+bound to the executor's own tensors, so the walk's accounting of activations holds for them.
 
-A run (consecutive children of one series, at one batch size) is composed from the units'
-ONNX graphs (``core.runtimes.onnx_graphs``) and gets a session the first time it runs;
-sessions are kept by run, the least recently used given back beyond ``max_sessions``
-(`VBS_ORT_SESSIONS`), and before a session is made while memory is short (``room``): each
-holds a thread and its own copies of its run's weights. Inputs and outputs are
-bound with I/O binding to the executor's own tensors, so ONNX Runtime allocates only what lives inside a run: the activations between
-its units and its kernels' scratch, which is the run's workspace in the model of memory.
-
-Every session of the process shares one arena that grows by what is asked, no more
-(``kSameAsRequested``): sessions are many, and an arena each would multiply held memory by
-their number. Each session has its own intra-op threads (as many as torch uses) that spin
-between the operators of a call, as ONNX Runtime's defaults do (a model of a hundred small
-operators would otherwise pay a wake-up for each), and stop spinning the moment the call
-returns (``session.force_spinning_stop``): the pools of sessions that are not running are
-asleep, so they neither take the cores from the one that runs nor cost an idle server CPU.
-ONNX Runtime's process-wide pools (``set_global_thread_pool_sizes``) are not used: that
-switch applies to a session's own pool only, and a global pool spins on after each call.
-``spin=False`` (`VBS_ORT_SPIN=0`) makes the threads sleep between operators too.
+Why two modules: the sessions, their threads and their memory need no torch, and a worker that
+serves stored graphs (``core.compiled``) runs them on numpy arrays
+(``core.runtimes.ort_arrays``); this one adds what a captured torch model needs: its units
+exported here (``core.runtimes.onnx_graphs``), outputs as torch tensors.
 """
 
 from __future__ import annotations
 
-import gc
-import itertools
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 
-import numpy as np
-import onnx
-import onnxruntime as ort
 import torch
 
-from core.errors import ExecutionError, OutOfMemoryError
-from core.units import Capture
+from core.errors import ExecutionError
 from core.runtimes.base import RuntimeOptions
-from core.runtimes.onnx_graphs import CannotCompose, UnitGraphs, export_units
-from core.runtimes.ort_memory import status_bytes
-from core.runs import TreeIndex
+from core.runtimes.onnx_graphs import UnitGraphs, export_units
+from core.runtimes.ort_sessions import (NAME, NUMPY, SESSION_GROWTH, SPIN, STOP, VERSION,
+                                        OrtSessions, session_options, weight_bytes)
 from core.tree import Node, Parallel
+from core.units import Capture
 
-NAME = "onnxruntime"
-VERSION = ort.__version__
-_NUMPY = {torch.float32: np.float32}
-_SETUP = threading.Lock()
-_READY = False
-
-
-def _environment() -> None:
-    """One arena for every session of the process (set up once)."""
-    global _READY
-    with _SETUP:
-        if _READY:
-            return
-        ort.set_default_logger_severity(3)  # its optimiser's notes are not the user's business
-        info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0,
-                                 ort.OrtMemType.DEFAULT)
-        # max_mem 0 (no cap), extend by what is asked (1), default chunk and dead-byte sizes
-        ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, 1, -1, -1))
-        _READY = True
-
-
-# The policy of every session's threads: spin while a call runs (unless told not to), asleep
-# once it returns.
-SPIN = "session.intra_op.allow_spinning"
-STOP = "session.force_spinning_stop"
-# what making a session takes per byte of its graph's weights: the composed graph and its
-# serialized copy while it is made, then the weights, the copies its optimiser makes in its
-# own layouts, its plan (tests/core/test_runtimes.py checks the bound: resnet18's whole graph
-# grew the process by 6.16x its weights in one CI run, so 6 was too tight)
-SESSION_GROWTH = 7
-
-
-def _weight_bytes(model: onnx.ModelProto) -> int:
-    """Bytes of a graph's initializers."""
-    return sum(len(t.raw_data) or 4 * len(t.float_data) for t in model.graph.initializer)
-
-
-def session_options(threads: int, *, arena: bool = True, spin: bool = True) -> ort.SessionOptions:
-    """Options of every session: ``threads`` intra-op threads that spin between operators
-    while a call runs (sleep, without ``spin``) and stop when it returns, the shared arena
-    (``arena=False``: none, so what a call allocates is given back when it returns, for
-    measuring it)."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = max(1, threads)
-    options.inter_op_num_threads = 1
-    options.add_session_config_entry(SPIN, "1" if spin else "0")
-    options.add_session_config_entry(STOP, "1")
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if arena:
-        options.add_session_config_entry("session.use_env_allocators", "1")
-    else:
-        options.enable_cpu_mem_arena = False
-    return options
+__all__ = ["NAME", "VERSION", "SESSION_GROWTH", "SPIN", "STOP", "OrtUnits", "load", "providers",
+           "session_options", "unavailable"]
+_weight_bytes = weight_bytes  # the name the tests of the bound know it by
 
 
 def providers(device: torch.device) -> list[str]:
@@ -107,24 +37,14 @@ def unavailable(capture: Capture) -> str:
     if device.type != "cpu":
         return (f"ONNX Runtime runs units on the CPU only here (its memory on {device.type} "
                 "is not measured); torch runs them")
-    if capture.model.torch_dtype != torch.float32:
+    if capture.model.spec.dtype not in NUMPY:
         return f"its CPU kernels run float32 here, not {capture.model.spec.dtype}"
     return ""
 
 
-@dataclass
-class _Run:
-    session: ort.InferenceSession
-    binding: threading.local
-    used: int = 0  # when it last ran (OrtUnits' clock): the least recently used goes first
-    held: int = 0  # how much the process grew making it, at least its weights
-
-
-class OrtUnits:
+class OrtUnits(OrtSessions):
     """Sessions for the runs of one captured model (a ``core.runtimes.base.UnitRuntime``);
     ``run`` computes a run into a buffer."""
-
-    name = NAME
 
     def __init__(self, capture: Capture, graphs: UnitGraphs | None = None,
                  threads: int | None = None, *, arena: bool = True, spin: bool = True,
@@ -132,36 +52,12 @@ class OrtUnits:
         why = unavailable(capture)
         if why:
             raise ExecutionError(f"{capture.model.spec.name}: ONNX Runtime cannot run it: {why}")
-        _environment()
-        self.threads = threads or torch.get_num_threads()
-        self.spin = spin
+        super().__init__(graphs if graphs is not None else export_units(capture),
+                         threads or torch.get_num_threads(), arena=arena, spin=spin,
+                         max_sessions=max_sessions, room=room)
         self.capture = capture
-        self.graphs = graphs if graphs is not None else export_units(capture)
         self.device = capture.model.device
-        self._runs: dict[tuple[str, str], _Run] = {}
-        self._lock = threading.Lock()
-        self._clock = itertools.count(1)  # next() is atomic under the GIL: no lock on a hit
-        self.max_sessions = max(1, max_sessions)
-        self._index = TreeIndex.of(capture.tree)
-        self._dtype = _NUMPY[capture.model.torch_dtype]
-        self._arena = arena
-        self._room = room  # bytes free now, read before a session is made (None: not read)
-
-    def reason(self, node: Node) -> str:
-        """Why ``node`` cannot run on ONNX Runtime ('' when it can)."""
-        return self.graphs.reason(node)
-
-    def nodes(self, first: str, last: str) -> tuple[Node, ...]:
-        """The children of one series from ``first`` to ``last``."""
-        nodes = self._index.span(first, last)
-        if nodes is None:
-            raise ExecutionError(f"{first!r}..{last!r} is not a run of one series")
-        return nodes
-
-    def prepare(self, nodes: tuple[Node, ...], samples: int) -> None:
-        """Build the session of a run now, not when it first runs (one session runs it at
-        every batch size)."""
-        self._run(nodes[0].name, nodes[-1].name)
+        self._dtype = NUMPY[capture.model.spec.dtype]
 
     def call(self, nodes: tuple[Node, ...], x: torch.Tensor, samples: int,
              own: bool = False) -> torch.Tensor:
@@ -171,96 +67,11 @@ class OrtUnits:
         # is not dense in the model does not run on ONNX Runtime (planner.profiling.ort)
         return self.run(nodes[0].name, nodes[-1].name, x.contiguous(), out)
 
-    @property
-    def sessions(self) -> int:
-        return len(self._runs)
-
-    @property
-    def held_bytes(self) -> int:
-        """What the process grew by making the sessions it keeps, at least their weights
-        (host memory: a cgroup's reading counts it as used already)."""
-        return sum(run.held for run in list(self._runs.values()))
-
-    @property
-    def cached_bytes(self) -> int:
-        return 0
-
-    def release(self) -> None:
-        """Give back every session (a call still running keeps its own)."""
-        with self._lock:
-            self._runs.clear()
-        gc.collect()
-
-    def _run(self, first: str, last: str) -> _Run:
-        key = (first, last)
-        found = self._runs.get(key)
-        if found is not None:
-            found.used = next(self._clock)
-            return found
-        with self._lock:
-            found = self._runs.get(key)
-            if found is None:
-                while len(self._runs) >= self.max_sessions:
-                    self._evict()
-                try:
-                    model = self.graphs.compose(self.nodes(first, last))
-                except CannotCompose as exc:
-                    raise ExecutionError(f"{self.capture.model.spec.name}: {first}..{last} cannot "
-                                         f"run on ONNX Runtime: {exc}") from exc
-                self._make_room(first, last, SESSION_GROWTH * _weight_bytes(model))
-                before = status_bytes("VmRSS")
-                session = ort.InferenceSession(model.SerializeToString(),
-                                               session_options(self.threads, arena=self._arena,
-                                                               spin=self.spin),
-                                               providers=providers(self.device))
-                # what the process grew by, at least the weights it copied (where it reused
-                # pages freed before, the growth shows less than the session keeps)
-                grown = max(status_bytes("VmRSS") - before, _weight_bytes(model))
-                found = self._runs[key] = _Run(session, threading.local(), held=grown)
-            found.used = next(self._clock)
-        return found
-
-    def _evict(self) -> None:
-        """Give back the least recently used session (a call still running keeps its own)."""
-        del self._runs[min(self._runs, key=lambda k: self._runs[k].used)]
-
-    def _make_room(self, first: str, last: str, need: int) -> None:
-        """Before a session is made: ``need`` bytes free (``room``), the least recently used
-        sessions given back until they are; else OutOfMemoryError (the worker tries a smaller
-        plan, the request gets 503): a session made beyond the memory free would be growth no
-        plan counts, and under a memory limit the kernel's kill."""
-        if self._room is None:
-            return
-        while self._room() < need and self._runs:
-            self._evict()
-            gc.collect()
-        free = self._room()
-        if free < need:
-            raise OutOfMemoryError(
-                f"{self.capture.model.spec.name}: ONNX Runtime's session for {first}..{last} "
-                f"needs about {need} bytes and {free} are free: a smaller plan, or more memory")
-
     def run(self, first: str, last: str, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Run ``first..last`` on ``x`` (contiguous) writing ``out`` (contiguous, allocated by
         the caller for the run's output); returns ``out``."""
-        run = self._run(first, last)
-        bound = run.binding
-        binding = getattr(bound, "io", None)
-        if binding is None:
-            binding = bound.io = run.session.io_binding()
-            bound.x = bound.y = None
-        # bound by address: the same address and shape as the last call's (a batcher's
-        # reused buffer, an output the allocator gave back) is bound already; binding again
-        # costs tens of microseconds of ONNX Runtime's Python right after a model's call
-        key = (x.data_ptr(), x.shape)
-        if key != bound.x:
-            binding.bind_input("x", "cpu", 0, self._dtype, x.shape, key[0])
-            bound.x = key
-        key = (out.data_ptr(), out.shape)
-        if key != bound.y:
-            binding.bind_output("y", "cpu", 0, self._dtype, out.shape, key[0])
-            bound.y = key
-        run.session.run_with_iobinding(binding)
+        self.run_at(first, last, self._dtype, (x.data_ptr(), tuple(x.shape)),
+                    (out.data_ptr(), tuple(out.shape)))
         return out
 
     def output(self, last: Node, like: torch.Tensor, samples: int) -> torch.Tensor:

@@ -11,10 +11,9 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import numpy as np
 
 from core.errors import ModelError
-from planner.families.common import ImagePreprocess
+from planner.families.common import ImagePreprocess, ImageSpec
 
 VIDEO_SHAPE = (3, 16, 112, 112)
 
@@ -69,31 +68,22 @@ def preprocess(model_name: str, input_shape: tuple[int, int, int]) -> ImagePrepr
     """The weights' transforms (resize, centre crop, normalise:
     ``get_model_weights(name).DEFAULT.transforms()``) for an RGB input ``(3, H, W)``, with the
     crop set to the planned input size and the resize scaled alike (a planned 224 gives exactly
-    the default transforms); a non-square input is resized to, then normalised. The geometry
-    is torchvision's functional API on the Pillow image (Pillow does the work), the scaling and
-    normalisation numpy's. None for a model without such weights."""
+    the default transforms); a non-square input is resized to, then normalised. Held as data
+    (``ImageSpec``: what torchvision's functional API does on a Pillow image, done by Pillow),
+    so a compiled model carries it to a worker without torchvision. None for a model without
+    such weights."""
     channels, height, width = input_shape
     weights = _weights(model_name) if channels == 3 else None
     if weights is None:
         return None
-    from torchvision.transforms import functional as F
-
     default = weights.transforms()
     crop, resize = _first(default.crop_size), _first(default.resize_size)
-    interpolation = default.interpolation
-    mean = np.asarray(default.mean, dtype=np.float32)
-    std = np.asarray(default.std, dtype=np.float32)
-    if height == width:
-        size = max(height, round(height * resize / crop))
-
-        def geometry(image: Any) -> Any:
-            return F.center_crop(F.resize(image, [size], interpolation=interpolation),
-                                 [height, width])
-    else:  # a non-square input: resize to it, then the weights' normalisation
-        def geometry(image: Any) -> Any:
-            return F.resize(image, [height, width], interpolation=interpolation)
-    how = f"{model_name} weights' transforms, crop {height}x{width}"
-    return ImagePreprocess(geometry, mean, std, how)
+    interpolation = str(default.interpolation.value)  # InterpolationMode: "bilinear", ...
+    size = max(height, round(height * resize / crop)) if height == width else None
+    # a non-square input: resized to it, then the weights' normalisation
+    return ImageSpec(height, width, size, interpolation, tuple(map(float, default.mean)),
+                     tuple(map(float, default.std)),
+                     f"{model_name} weights' transforms, crop {height}x{width}").preprocess()
 
 
 def _first(value: Any) -> int:

@@ -19,7 +19,7 @@ import time
 import torch
 
 from planner.graph.capture import capture
-from core.loaded import ModelSpec
+from core.spec import ModelSpec
 from planner.models import load_model
 from planner.profiling.grid import batch_grid, fill_time
 from planner.profiling.profiler import ProfileOptions, device_name, measure

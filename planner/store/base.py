@@ -90,6 +90,15 @@ class PlanStore(abc.ABC):
         """Return the stored profile bytes, or None if none is stored."""
 
     @abc.abstractmethod
+    def put_compiled(self, fingerprint: str, data: bytes) -> None:
+        """Store a model compiled for workers without torch (``core.compiled``) under its
+        profile's ``fingerprint``, replacing any earlier one."""
+
+    @abc.abstractmethod
+    def get_compiled(self, fingerprint: str) -> bytes | None:
+        """Return the stored compiled model, or None if none is stored."""
+
+    @abc.abstractmethod
     def set_model(self, model_key: str, fingerprint: str) -> None:
         """Point the alias ``model_key`` at ``fingerprint`` (does not announce)."""
 

@@ -7,6 +7,7 @@ can live beside this one in the same Redis database::
     vbs:v1:table:<table-id>:meta         JSON: the caller's meta plus "version" and "stored_at"
     vbs:v1:table:<table-id>:version      integer, raised by one on every put of that table
     vbs:v1:profile:<fingerprint>         profile JSON bytes
+    vbs:v1:compiled:<fingerprint>        the model compiled for a worker without torch (core.compiled)
     vbs:v1:model:<model-key>             the table id of the current table of that model
     vbs:v1:index:tables                  set of every table id that has a table
     vbs:v1:tables                        pub/sub channel: one announcement per stored table
@@ -72,6 +73,10 @@ def version_key(fingerprint: str) -> str:
 
 def profile_key(fingerprint: str) -> str:
     return f"{NAMESPACE}:profile:{check_fingerprint(fingerprint)}"
+
+
+def compiled_key(fingerprint: str) -> str:
+    return f"{NAMESPACE}:compiled:{check_fingerprint(fingerprint)}"
 
 
 def model_key(model: str) -> str:

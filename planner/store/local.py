@@ -6,6 +6,7 @@ Layout, mirroring the Redis key scheme (``planner.store.keys``)::
     <dir>/tables/<fingerprint>.version   the last announcement JSON {fingerprint, version, model}
     <dir>/tables/<fingerprint>.lock      held (flock) by a writer of that fingerprint
     <dir>/profiles/<fingerprint>.json    profile JSON bytes
+    <dir>/compiled/<fingerprint>.zip     the model compiled for a worker without torch
     <dir>/models/<model-key>.model       the fingerprint the model key points at
 
 The meta (with its version) is the first line of the table file, so blob and meta are
@@ -87,6 +88,7 @@ class LocalStore(PlanStore):
                              "choose a directory (--store or VBS_STORE)")
         self._tables = self.directory / "tables"
         self._profiles = self.directory / "profiles"
+        self._compiled = self.directory / "compiled"
         self._models = self.directory / "models"
 
     # -- paths and low-level reads -------------------------------------------------------
@@ -210,6 +212,14 @@ class LocalStore(PlanStore):
 
     def get_profile(self, fingerprint: str) -> bytes | None:
         return self._read(self._profiles / f"{check_fingerprint(fingerprint)}.json")
+
+    def put_compiled(self, fingerprint: str, data: bytes) -> None:
+        path = self._compiled / f"{check_fingerprint(fingerprint)}.zip"
+        self._ensure(self._compiled)
+        self._write(path, bytes(data))
+
+    def get_compiled(self, fingerprint: str) -> bytes | None:
+        return self._read(self._compiled / f"{check_fingerprint(fingerprint)}.zip")
 
     def set_model(self, model_key: str, fingerprint: str) -> None:
         check_model_key(model_key)

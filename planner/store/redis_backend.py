@@ -38,6 +38,7 @@ from planner.store.keys import CHANNEL, TABLE_INDEX, check_fingerprint, check_mo
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 5.0
+REDIS_VALUE_MAX = 512 * 1024 * 1024  # the most one Redis string holds (proto-max-bulk-len)
 DEFAULT_RETRIES = 2
 SYNC_HINT = ("is redis-server running? Start it, or point the plan store at a directory "
              "(--store or VBS_STORE)")
@@ -162,6 +163,20 @@ class RedisStore(PlanStore):
 
     def get_profile(self, fingerprint: str) -> bytes | None:
         key = keys.profile_key(fingerprint)
+        with self._errors():
+            return self._client.get(key)
+
+    def put_compiled(self, fingerprint: str, data: bytes) -> None:
+        if len(data) > REDIS_VALUE_MAX:
+            raise StoreError(f"the compiled model {fingerprint} is {len(data)} bytes, more than a "
+                             f"Redis value holds ({REDIS_VALUE_MAX}): use a directory store "
+                             "(--store DIR) for this model")
+        key = keys.compiled_key(fingerprint)
+        with self._errors():
+            self._client.set(key, bytes(data))
+
+    def get_compiled(self, fingerprint: str) -> bytes | None:
+        key = keys.compiled_key(fingerprint)
         with self._errors():
             return self._client.get(key)
 

@@ -105,8 +105,9 @@ def test_cuda_free_counts_what_the_allocator_caches(device: str) -> None:
 
 def test_running_out_of_device_memory_steps_down_and_loses_nothing(device: str) -> None:
     # on CUDA a large input: cuDNN's workspace at one sample (~9 MB on an H200) would make the
-    # least plan half the top one at 96 px
-    cap = _captured("resnet18", (3, 224, 224) if device == "cuda" else (3, 96, 96), device)
+    # least plan half the top one at 96 px, and the reading counts the driver's free memory in
+    # the allocator's 20 MiB pages: half the gap between the plans is well over a page at 448
+    cap = _captured("resnet18", (3, 448, 448) if device == "cuda" else (3, 96, 96), device)
     profile = measure(cap, ProfileOptions(batch_max=8, repeats=1, warmup=1), progress=False)
     table = build_table(profile, solver="fbs", slot_count=64)  # the top plan runs all 8 at once
     worker = Worker(cap, table, MemoryProbe(device), max_oom_retries=8)

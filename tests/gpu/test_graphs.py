@@ -82,6 +82,31 @@ def test_a_graph_replays_the_model_and_its_pool_is_kept_not_free(device: str, dt
     assert graphs.graphs == 0 and graphs.held_bytes == 0
 
 
+def test_graphs_given_back_for_larger_buffers_are_captured_again_in_a_new_pool(device: str
+                                                                             ) -> None:
+    """A larger run gives every graph back (its static buffers grow): the next capture must
+    not name their pool, which the allocator may keep with no graph in it and then refuse
+    (``use_count > 0``, as `vbs bench --runtime cudagraph` did at the first run it captured
+    again); a smaller run shares the pool of the graphs alive."""
+    cap = _captured("resnet18", (3, 224, 224), device)
+    nodes = tuple(cap.tree.children)
+    cuda_only(device, "capturing CUDA graphs again after their buffers grew")
+    graphs = rt.load(rt.CUDAGRAPH, cap, RuntimeOptions())
+    with torch.inference_mode():
+        for b, kept in ((4, 1), (8, 1), (2, 2), (16, 1), (1, 2)):  # 8 and 16 grow them
+            x = cap.model.example(b, seed=b)
+            _close(graphs.call(nodes, x, b), cap.model.module(x), device)
+            assert graphs.graphs == kept
+    assert graphs.held_bytes > 0
+    graphs.release()
+    with torch.inference_mode():  # and after a release, a new pool, measured as the first
+        x = cap.model.example(2, seed=9)
+        y = graphs.call(nodes, x, 2)
+        _close(y, cap.model.module(x), device)
+    static = allocation(x.nbytes, CUDA_GRANULE) + allocation(y.nbytes, CUDA_GRANULE)
+    assert graphs.graphs == 1 and graphs.held_bytes > static
+
+
 def test_plans_of_graph_runs_allocate_what_their_walk_says_and_equal_the_model(device: str
                                                                               ) -> None:
     cap = _captured("resnet18", (3, 64, 64), device)

@@ -1,0 +1,194 @@
+"""One model's weights held once across the ONNX Runtime sessions of its runs.
+
+Why: every run (units composed into one graph) gets a session, and a session holds its own
+copy of its graph's weights (at ORT_ENABLE_ALL NCHWc-reordered ones), so a model's memory grew
+with the number of its runs (docs/benchmarks.md, section 11). ``add_initializer`` lets a session
+use a tensor the caller holds, but only for tensors its optimiser leaves as they are, and
+without the blocked layouts convolutions run up to 1.6x slower. So ``SharedWeights.session``
+first optimises the run's graph at the caller's level with a session of its own (its weights
+written apart), keeps each weight of the result once, by content (the optimiser names its new
+tensors per graph; the same weight reordered alike is the same bytes in every run), and serves
+the optimised graph at ORT_DISABLE_ALL on those buffers. The stripped graph is cached by the
+run's structure, so a session made again is not optimised again.
+
+Limits: the optimised graph is this CPU's (never stored); weights under ``min_bytes`` and the
+packed copies of MatMul/Gemm weights stay per session; buffers live as long as the
+``SharedWeights`` and every session made on it (each keeps a reference to it); CPU only.
+Figures: ``bench/ort_weights_probe.py``, docs/benchmarks.md section 11.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import threading
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+# where a weight that a session gets by add_initializer is said to be: an empty file that
+# ONNX Runtime checks is there but never reads (the tensor is the caller's)
+_PLACEHOLDER = "shared-weights.bin"
+_ALIGN = 64  # bytes: what MLAS's kernels like their weights aligned to
+_FOLDER = "session.model_external_initializers_file_folder_path"
+_OUT_FILE = "session.optimized_model_external_initializers_file_name"
+_OUT_MIN = "session.optimized_model_external_initializers_min_size_in_bytes"
+
+
+@dataclass(frozen=True)
+class _Graph:
+    """A run's optimised graph without its weights, and the key of each weight it names."""
+
+    proto: bytes
+    weights: tuple[tuple[str, bytes], ...]  # initializer name -> content key
+
+
+class SharedWeights:
+    """The distinct weights of one model's sessions, each held once (by content), and the
+    sessions made on them (``session``). Keep it as long as any of its sessions: each
+    session keeps a reference to it too."""
+
+    def __init__(self, *, min_bytes: int = 1024) -> None:
+        self.min_bytes = min_bytes
+        self._tensors: dict[bytes, tuple[np.ndarray, ort.OrtValue]] = {}
+        self._graphs: dict[tuple[bytes, int], _Graph] = {}
+        self._lock = threading.Lock()
+        self._dir = tempfile.mkdtemp(prefix="vbs-ort-weights-")
+        open(os.path.join(self._dir, _PLACEHOLDER), "wb").close()
+        self._finalizer = weakref.finalize(self, shutil.rmtree, self._dir, True)
+        self.last_new_bytes = 0  # bytes the last ``session`` call added to the buffers
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the distinct weights held (once, whatever the number of sessions)."""
+        return sum(array.nbytes for array, _ in list(self._tensors.values()))
+
+    @property
+    def tensors(self) -> int:
+        return len(self._tensors)
+
+    def close(self) -> None:
+        """Forget the buffers and the cached graphs (sessions made keep what they use)."""
+        with self._lock:
+            self._tensors.clear()
+            self._graphs.clear()
+
+    def session(self, model: onnx.ModelProto, options: ort.SessionOptions,
+                providers: Sequence[str] = ("CPUExecutionProvider",)) -> ort.InferenceSession:
+        """A session running ``model`` as ``options`` say (optimised at their
+        ``graph_optimization_level``) on the shared weights. ``options`` is the serving
+        session's own: it is changed (its level set to ORT_DISABLE_ALL, the weights added),
+        so pass a fresh one each time, as for any session."""
+        key = _structure(model)
+        level = options.graph_optimization_level
+        with self._lock:
+            graph = self._graphs.get((key, int(level)))
+            before = self.held_bytes
+            if graph is None:
+                graph = self._graphs[(key, int(level))] = self._prepare(model, level, providers)
+            self.last_new_bytes = self.held_bytes - before
+            for name, content in graph.weights:
+                options.add_initializer(name, self._tensors[content][1])
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.add_session_config_entry(_FOLDER, self._dir)
+        session = ort.InferenceSession(graph.proto, options, providers=list(providers))
+        session._shared_weights = self  # the buffers outlive every session that reads them
+        return session
+
+    def _prepare(self, model: onnx.ModelProto, level: ort.GraphOptimizationLevel,
+                 providers: Sequence[str]) -> _Graph:
+        """``model`` optimised at ``level`` (none at ORT_DISABLE_ALL), its weights moved into
+        the shared buffers."""
+        work = tempfile.mkdtemp(dir=self._dir)
+        try:
+            if level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL:
+                optimised = onnx.ModelProto()
+                optimised.CopyFrom(model)
+                weights = os.path.join(work, "weights.bin")
+                with open(weights, "wb") as out:
+                    for tensor in optimised.graph.initializer:
+                        if _nbytes(tensor) >= self.min_bytes and tensor.raw_data:
+                            offset = out.tell()
+                            out.write(tensor.raw_data)
+                            _refer(tensor, "weights.bin", offset, len(tensor.raw_data))
+            else:
+                path = os.path.join(work, "model.onnx")
+                opts = ort.SessionOptions()
+                opts.graph_optimization_level = level
+                opts.intra_op_num_threads = 1
+                opts.optimized_model_filepath = path
+                opts.add_session_config_entry(_OUT_FILE, "weights.bin")
+                opts.add_session_config_entry(_OUT_MIN, str(self.min_bytes))
+                opts.add_session_config_entry("session.disable_prepacking", "1")
+                opts.enable_cpu_mem_arena = False
+                ort.InferenceSession(model.SerializeToString(), opts, providers=list(providers))
+                optimised = onnx.load(path, load_external_data=False)
+            named: list[tuple[str, bytes]] = []
+            for tensor in optimised.graph.initializer:
+                if tensor.data_location != onnx.TensorProto.EXTERNAL:
+                    continue
+                info = {e.key: e.value for e in tensor.external_data}
+                array = _read(os.path.join(work, info["location"]), int(info.get("offset", 0)),
+                              tensor)
+                content = _content(array)
+                if content not in self._tensors:
+                    self._tensors[content] = (array, ort.OrtValue.ortvalue_from_numpy(array))
+                named.append((tensor.name, content))
+                _refer(tensor, _PLACEHOLDER, 0, array.nbytes)
+            return _Graph(optimised.SerializeToString(), tuple(named))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _structure(model: onnx.ModelProto) -> bytes:
+    """A run's identity without reading its weights: nodes, inputs, outputs, and the name,
+    type and shape of every initializer (a name is one tensor in all runs of a model)."""
+    h = hashlib.blake2b(digest_size=20)
+    graph = model.graph
+    for part in (*graph.node, *graph.input, *graph.output, *model.opset_import):
+        h.update(part.SerializeToString())
+    for tensor in graph.initializer:
+        h.update(f"{tensor.name}:{tensor.data_type}:{list(tensor.dims)};".encode())
+    return h.digest()
+
+
+def _nbytes(tensor: onnx.TensorProto) -> int:
+    size = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    return size * int(np.prod(tensor.dims, dtype=np.int64))
+
+
+def _read(path: str, offset: int, tensor: onnx.TensorProto) -> np.ndarray:
+    """The tensor's bytes from ``path`` at ``offset`` into a buffer of its own, aligned."""
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    nbytes = _nbytes(tensor)
+    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    start = -raw.ctypes.data % _ALIGN
+    flat = raw[start:start + nbytes]
+    with open(path, "rb") as f:
+        f.seek(offset)
+        if f.readinto(memoryview(flat)) != nbytes:
+            raise ValueError(f"{tensor.name}: {path} ends before its {nbytes} bytes")
+    return flat.view(dtype).reshape(tuple(tensor.dims))
+
+
+def _content(array: np.ndarray) -> bytes:
+    h = hashlib.blake2b(digest_size=20)
+    h.update(f"{array.dtype.str}:{array.shape};".encode())
+    h.update(memoryview(array.reshape(-1).view(np.uint8)))
+    return h.digest()
+
+
+def _refer(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    """Make ``tensor`` external data at ``location`` (its bytes dropped from the graph)."""
+    tensor.ClearField("raw_data")
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for k, v in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = k, v

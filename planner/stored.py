@@ -1,0 +1,138 @@
+"""A model's profile and tables in the store, read and written without torch.
+
+What `vbs plan` publishes and a worker reads back: the served solver's table and those it is
+compared with, under the profile's fingerprint, and the model's alias (``model_key``) that
+points at its current table. ``planner.pipeline`` profiles and solves when they are missing;
+a worker serving a compiled model (``core.compiled``) finds everything here by the alias.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from core.compiled import CompiledModel
+from core.errors import ProfileError, TableFormatError, TableNotFoundError
+from core.spec import ModelSpec
+from core.table import PlanTable
+from core.tree import Profile, profile_from_json, profile_to_json
+from planner.store import PlanStore
+from planner.store.keys import table_id
+
+log = logging.getLogger("vbs.plan")
+
+# Every strategy `vbs plan` stores a table for: the served one and what it is compared with.
+COMPARED = ("vbs", "paper", "greedy", "fbs", "fbs-best")
+
+
+def model_key(spec: ModelSpec, solver: str, objective: str) -> str:
+    """The name a model's current table of one solver and objective is found under."""
+    shape = "x".join(map(str, spec.input_shape)) if spec.input_shape else "default"
+    return f"{spec.name}:{shape}:{spec.dtype}:{spec.device}:{solver}:{objective}"
+
+
+
+def compiled_key(served: str, spec: ModelSpec) -> str:
+    """The alias a served model's compiled form is found under (``planner.compile``): its
+    served name, input shape as given (or ``default``), dtype and device."""
+    shape = spec.input_shape
+    text = "x".join(map(str, shape)) if shape else "default"
+    return f"compiled:{served}:{text}:{spec.dtype}:{spec.device}"
+
+
+def strategies(solver: str) -> tuple[str, ...]:
+    """The served solver first, then every other compared strategy."""
+    return (solver, *[s for s in COMPARED if s != solver])
+
+
+def read(store: PlanStore, fp: str, solvers: tuple[str, ...], objective: str, *,
+         repair: bool = True) -> tuple[Profile, dict[str, PlanTable]] | None:
+    """The profile and every table of ``solvers`` from the store, or None when one is missing.
+
+    One that cannot be read (an old schema, a damaged blob, bad meta) is planned again when
+    ``repair`` (`vbs plan`: None is returned); else its TableFormatError, naming the key and
+    the problem, is raised (a service must not re-plan behind its operator's back)."""
+    tables = {}
+    for solver in solvers:
+        tid = table_id(fp, solver, objective)
+        try:
+            stored = store.get_table(tid)
+            tables[solver] = PlanTable.from_bytes(stored.blob,
+                                                  f"table {tid} in store {store.location}")
+        except TableNotFoundError:
+            return None
+        except TableFormatError as exc:
+            if not repair:
+                raise
+            log.warning("table %s in %s cannot be used, planning it again: %s", tid,
+                        store.location, exc)
+            return None
+    raw_profile = store.get_profile(fp)
+    if raw_profile is None:
+        return None
+    try:
+        return profile_from_json(json.loads(raw_profile)), tables
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ProfileError) as exc:
+        if not repair:
+            raise TableFormatError(f"profile {fp} in store {store.location} cannot be read "
+                                   f"({exc}): run `vbs plan --replan` to rewrite it") from exc
+        log.warning("profile %s in %s cannot be used, profiling again: %s", fp, store.location,
+                    exc)
+        return None
+
+
+def publish(store: PlanStore, spec: ModelSpec, profile: Profile, tables: dict[str, PlanTable],
+            extra: dict[str, Any] | None = None) -> dict[str, int]:
+    """Put a profile and its tables in the store (each announced to workers), the first of
+    ``tables`` last, so a worker woken by its announcement finds the others; returns versions."""
+    fp = profile.fingerprint
+    store.put_profile(fp, json.dumps(profile_to_json(profile)).encode())
+    versions = {}
+    for solver, table in reversed(list(tables.items())):
+        meta = {"model": spec.name, "solver": solver, "objective": table.objective,
+                "batch_max": table.batch_max, "slot_bytes": table.slot_bytes,
+                "fingerprint": fp, "device": profile.meta.get("device_name"), **(extra or {})}
+        versions[solver] = store.put_table(table_id(fp, solver, table.objective), table.to_bytes(),
+                                           meta, model_key=model_key(spec, solver, table.objective))
+    return versions
+
+
+@dataclass(frozen=True)
+class StoredModel:
+    """What a worker without torch serves, all from the store: the compiled model, its
+    profile and the tables of the served solver and those compared with it."""
+
+    compiled: CompiledModel
+    compiled_id: str
+    profile: Profile
+    tables: dict[str, PlanTable]
+
+    @property
+    def fingerprint(self) -> str:
+        return self.profile.fingerprint
+
+
+def read_compiled(store: PlanStore, served: str, spec: ModelSpec, solver: str,
+                  objective: str) -> StoredModel:
+    """The compiled model ``vbs plan`` stored for ``served``, with its profile and tables;
+    TableNotFoundError naming the `vbs plan` command to run when any is missing."""
+    fix = (f"run `vbs plan --model {served}={spec.name}"
+           f"{'@' + ','.join(map(str, spec.input_shape)) if spec.input_shape else ''} "
+           f"--store {store.location}` (with --weights FILE if it has its own) first")
+    cid = store.get_model(compiled_key(served, spec))
+    if cid is None:
+        raise TableNotFoundError(f"{served}: no compiled model in {store.location}: {fix}")
+    blob = store.get_compiled(cid)
+    if blob is None:
+        raise TableNotFoundError(f"{served}: compiled model {cid} is missing from "
+                                 f"{store.location}: {fix}")
+    compiled = CompiledModel.from_bytes(blob, f"compiled model {cid} in {store.location}")
+    fp = str(compiled.meta.get("fingerprint", ""))
+    found = read(store, fp, strategies(solver), objective, repair=False) if fp else None
+    if found is None:
+        raise TableNotFoundError(f"{served}: the tables of {solver} for profile {fp or '?'} are "
+                                 f"not all in {store.location}: {fix}")
+    return StoredModel(compiled, cid, found[0], found[1])
+
