@@ -23,7 +23,7 @@ import onnx
 from core.errors import TableFormatError
 from core.model_shapes import ModelShapes
 from core.runtimes.onnx_compose import UnitGraphs
-from core.tree import Layer, Parallel, Series, iter_nodes
+from core.tree import Series
 
 SCHEMA = "vbs.compiled/1"
 _MANIFEST = "compiled.json"
@@ -49,20 +49,6 @@ class CompiledModel:
         return sum(len(t.raw_data) or 4 * len(t.float_data)
                    for g in (*self.graphs.units.values(), *self.graphs.joins.values())
                    for t in g.graph.initializer)
-
-    def unrunnable(self, units: tuple[str, ...]) -> str:
-        """Why a plan running ``units`` (unit and block names) cannot run from these graphs
-        alone ('' when it can)."""
-        nodes = {n.name: n for n in iter_nodes(self.shapes.tree)
-                 if isinstance(n, (Layer, Parallel))}
-        for name in units:
-            node = nodes.get(name)
-            if node is None:
-                return f"{name!r} is not a unit of {self.name}"
-            why = self.graphs.reason(node)
-            if why:
-                return f"{name}: {why}"
-        return ""
 
     def to_bytes(self) -> bytes:
         buffer = io.BytesIO()

@@ -122,7 +122,9 @@ class ModelLoader:
                           follow_up=self.settings.batch_follow_up,
                           timeout_s=self.settings.request_timeout_s,
                           table_version=lambda: entry.table_version,
-                          pipelined=self.settings.pipelined(entry.spec.device))
+                          # the two stages hand torch tensors over: not for a model served
+                          # without torch (on the CPU nothing overlaps anyway)
+                          pipelined=self.settings.pipelined(entry.spec.device) and not entry.lean)
         weights, minimums = self.settings.memory_weights, self.settings.memory_minimums
         # registered by the entry (not its worker or batcher, which go when it is unloaded)
         self.memory.register(entry.name, lambda: entry.table, entry.demand,

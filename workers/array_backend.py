@@ -225,7 +225,8 @@ class ArrayModel:
                 if runtime != rt.ONNXRUNTIME:
                     return (f"plan {table.plans[i].plan_id} runs {nodes[0].name}.. on "
                             f"{runtime}")
-                why = self.compiled.unrunnable(tuple(n.name for n in nodes))
+                why = next((f"{n.name}: {r}" for n in nodes
+                            if (r := self.compiled.graphs.reason(n))), "")
                 if why:
                     return f"plan {table.plans[i].plan_id}: {why}"
                 covered[start:end + 1] = [True] * (end - start + 1)
