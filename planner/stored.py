@@ -99,6 +99,14 @@ def publish(store: PlanStore, spec: ModelSpec, profile: Profile, tables: dict[st
     return versions
 
 
+def plan_hint(served: str, spec: ModelSpec, location: str) -> str:
+    """The command that puts ``served``'s compiled model and tables in the store at
+    ``location``, in words."""
+    shape = "@" + ",".join(map(str, spec.input_shape)) if spec.input_shape else ""
+    return (f"run `vbs plan --model {served}={spec.name}{shape} --store {location}` (with "
+            "--weights FILE if it has its own) first")
+
+
 @dataclass(frozen=True)
 class StoredModel:
     """What a worker without torch serves, all from the store: the compiled model, its
@@ -118,9 +126,7 @@ def read_compiled(store: PlanStore, served: str, spec: ModelSpec, solver: str,
                   objective: str) -> StoredModel:
     """The compiled model ``vbs plan`` stored for ``served``, with its profile and tables;
     TableNotFoundError naming the `vbs plan` command to run when any is missing."""
-    fix = (f"run `vbs plan --model {served}={spec.name}"
-           f"{'@' + ','.join(map(str, spec.input_shape)) if spec.input_shape else ''} "
-           f"--store {store.location}` (with --weights FILE if it has its own) first")
+    fix = plan_hint(served, spec, store.location)
     cid = store.get_model(compiled_key(served, spec))
     if cid is None:
         raise TableNotFoundError(f"{served}: no compiled model in {store.location}: {fix}")

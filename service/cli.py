@@ -170,7 +170,7 @@ def _check_compiled(settings: Any, specs: list[tuple[str, Any]]) -> None:
     store that is down is waited for by the loads, as always)."""
     from core.errors import StoreError
     from planner.store import open_store
-    from planner.stored import compiled_key
+    from planner.stored import compiled_key, plan_hint
 
     try:
         store = open_store(settings.store_location)
@@ -180,10 +180,8 @@ def _check_compiled(settings: Any, specs: list[tuple[str, Any]]) -> None:
         for served, spec in specs:
             if store.get_model(compiled_key(served, spec)) is None:
                 raise UsageError(f"{served}: the store {store.location} holds no compiled model "
-                                 f"of it, and this server runs without torch (VBS_LEAN={settings.lean}): "
-                                 f"run `vbs plan --model {served}={spec.name}"
-                                 f"{'@' + ','.join(map(str, spec.input_shape)) if spec.input_shape else ''}"
-                                 f" --store {store.location}` first")
+                                 f"of it, and this server runs without torch (VBS_LEAN="
+                                 f"{settings.lean}): {plan_hint(served, spec, store.location)}")
     except StoreError:
         return
     finally:

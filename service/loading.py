@@ -208,9 +208,11 @@ class ModelLoader:
                                                        max_sessions=s.ort_sessions))
         self.memory.budget()  # read here, on the torch thread: known from the start
         in_shape, out_shape = tuple(worker.model.input_shape), tuple(worker.model.output_shape)
-        labels, pre = ((stored_inputs(prepared.compiled.meta) if lean else
-                        (labels_for(entry.spec.name, out_shape[0]) if len(out_shape) == 1 else None,
-                         build_preprocess(entry.spec.name, in_shape))))
+        if lean:  # what `vbs plan` read of the model's family, stored with it
+            labels, pre = stored_inputs(prepared.compiled.meta)
+        else:
+            labels = labels_for(entry.spec.name, out_shape[0]) if len(out_shape) == 1 else None
+            pre = build_preprocess(entry.spec.name, in_shape)
         entry.prepared, entry.worker, entry.tables = prepared, worker, dict(prepared.tables)
         entry.solver, entry.profile = table.solver, prepared.profile
         entry.fingerprint, entry.table_id = prepared.fingerprint, tid

@@ -89,7 +89,7 @@ def test_serves_from_the_store_without_torch(planned: tuple[Path, Path, torch.nn
             env={**os.environ, **_no_torch(here), "VBS_PIPELINE": "on"})
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + 300  # a loaded CI machine: sessions made ahead
             while time.monotonic() < deadline and server.poll() is None:
                 try:
                     if client.get("/v2/health/ready").status_code == 200:
@@ -99,7 +99,7 @@ def test_serves_from_the_store_without_torch(planned: tuple[Path, Path, torch.nn
                 time.sleep(0.3)
             assert server.poll() is None, log.read_text()[-3000:]
             described = client.get("/models").json()["models"][0]
-            assert described["state"] == "ready", described
+            assert described["state"] == "ready", (described, log.read_text()[-3000:])
             assert described["runs_on"] == "compiled ONNX graphs, without torch"
             rng = np.random.default_rng(0)
             for n in (1, 3, BATCH_MAX, BATCH_MAX + 2):  # the last runs as two pieces
