@@ -1,14 +1,17 @@
 """What an offline build of the images substitutes for the registries it cannot reach, for
 compose.offline.yaml (`make compose-test` builds with it; so can anyone without Docker Hub):
 
-- the base image: python:3.11-slim cannot be pulled, so a Debian bookworm root made by
-  debootstrap (Debian's Python 3.11 with venv and ca-certificates, plus this machine's CA
-  bundle: package downloads go through this machine's TLS setup) is imported with
-  `docker import`;
-- torch's wheels: the CPU wheel index that docker/Dockerfile.cpu names is not reachable, so the
-  torch and torchvision it pins are downloaded by this machine's pip (its own configuration:
-  the wheels on this disk first, then PyPI), with their dependencies, into a wheelhouse laid out
-  as a PEP 503 index and served on 127.0.0.1 while the image builds. Here that is PyPI's torch,
+- the base image of every vbs-serve image (the planner's docker/Dockerfile.cpu, the lean
+  worker's docker/Dockerfile.worker) and of Redis: python:3.11-slim cannot be pulled, so a
+  Debian bookworm root made by debootstrap (Debian's Python 3.11 with venv and ca-certificates,
+  plus this machine's CA bundle: package downloads go through this machine's TLS setup) is
+  imported with `docker import`;
+- torch's wheels, for the planner's image only (the worker's has no torch and installs its
+  dependencies from the package index, as a build from the registries does): the CPU wheel
+  index that docker/Dockerfile.cpu names is not reachable, so the torch and torchvision it
+  pins are downloaded by this machine's pip (its own configuration: the wheels on this disk
+  first, then PyPI), with their dependencies, into a wheelhouse laid out as a PEP 503 index
+  and served on 127.0.0.1 while the image builds. Here that is PyPI's torch,
   the CUDA build with its nvidia-* wheels: no CPU build of this torchvision exists here, and
   PyPI's torchvision (a CUDA build) does not import beside a CPU torch.
 

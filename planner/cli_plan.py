@@ -44,7 +44,8 @@ def _specs(args: argparse.Namespace, settings: Settings) -> list[tuple[str, Any]
             raise UsageError(str(exc)) from exc
         if args.input_shape:
             shape = parse_shape(args.input_shape)
-        weights = Path(args.weights) if args.weights else None
+        # --weights, else VBS_WEIGHTS: what a worker without torch serves is what is compiled here
+        weights = Path(args.weights) if args.weights else settings.weights
         out.append((served, ModelSpec(name=name, input_shape=shape, dtype=settings.dtype,
                                       device=settings.device, weights=weights)))
     return out

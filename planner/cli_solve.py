@@ -24,10 +24,9 @@ from typing import Any
 from planner.cli import positive_int
 from core.errors import InfeasibleError, UsageError, VbsError
 from core.sizes import check_slot_bytes, format_bytes, parse_bytes
-from planner.solver.model import OBJECTIVES, build_instance
+from planner.solver.model import OBJECTIVES, SOLVERS, build_instance
 from core.runs import plan_shape
 from planner.solver.simulate import simulate
-from planner.solver.solve import SOLVERS, default_slot_bytes, solve
 from core.tree import load_profile
 
 
@@ -50,6 +49,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Solve and print; an infeasible request is an answer (exit 0), not an error."""
+    from planner.solver.solve import default_slot_bytes, solve  # the DP (numba) only here
+
     memory = parse_bytes(args.memory)  # sizes are read here so bad text is a UsageError
     slot_arg = parse_bytes(args.slot_bytes) if args.slot_bytes is not None else None
     profile = load_profile(args.profile)

@@ -38,6 +38,9 @@ from core.runs import CallCost, RunMemory, TreeIndex, call_cost, held_inside, \
 from core.tree import Layer, Node, Parallel, Profile, Series, iter_layers, node_to_json
 
 OBJECTIVES = ("time", "energy")
+# Every strategy the solver knows (``planner.solver.solve``), here where no numba is imported:
+# `vbs`'s parser lists them without loading the DP.
+SOLVERS = ("vbs", "paper", "fbs", "fbs-best", "greedy")
 
 
 @dataclass(frozen=True, eq=False)

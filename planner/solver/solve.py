@@ -23,11 +23,10 @@ from planner.solver import baselines
 from planner.solver.dp import ChainTables, RawPlan
 from core.walk import layout
 from core.sizes import check_slot_bytes, slots_down, slots_up
-from planner.solver.model import Chain, Instance, build_instance, check_batch
+from planner.solver.model import SOLVERS, Chain, Instance, build_instance, check_batch
 from core.program import Plan, Program, Step
 from core.tree import Profile
 
-SOLVERS = ("vbs", "paper", "fbs", "fbs-best", "greedy")
 DEFAULT_SLOT_COUNT = 512
 
 

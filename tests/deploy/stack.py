@@ -3,7 +3,8 @@ Docker engine, with the CLI calls, waits and readings its tests share.
 
 The project is compose.yaml + compose.offline.yaml (what this machine substitutes for the
 registries it cannot reach) + an override the test writes (the weights it checks answers
-against), under a project name of its own, so it never touches another stack on the engine.
+against, given to the planner, which compiles them into the store the worker serves from),
+under a project name of its own, so it never touches another stack on the engine.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""compose.yaml (+ compose.gpu.yaml): redis, a one-shot planner, a worker, in the right order.
+"""compose.yaml (+ compose.gpu.yaml): redis, a one-shot planner, a worker, in the right order;
+the planner on the torch image, the CPU worker on the lean one (the CUDA image for both on a GPU).
 
 Read with PyYAML always; with a Compose v2 CLI (`docker compose` or a standalone v2
 `docker-compose`) also resolved by `compose config`, which needs no Docker engine."""
@@ -92,7 +93,12 @@ def test_worker_healthcheck_passes_on_live_and_fails_otherwise(compose: dict[str
     assert run_python_check(argv, port) == 1
 
 
-def test_planner_and_worker_share_settings_and_image(compose: dict[str, Any]) -> None:
+# the image each CPU service runs, and the Dockerfile it is built from
+CPU_IMAGES = {"planner": ("vbs-serve:0.1.0-cpu", "docker/Dockerfile.cpu"),
+              "worker": ("vbs-serve:0.1.0-cpu-worker", "docker/Dockerfile.worker")}
+
+
+def test_planner_and_worker_share_settings(compose: dict[str, Any]) -> None:
     services = compose["services"]
     for name in ("planner", "worker"):
         service = services[name]
@@ -101,11 +107,27 @@ def test_planner_and_worker_share_settings_and_image(compose: dict[str, Any]) ->
         assert env["VBS_STORE"].endswith("@redis:6379/0")
         assert env["VBS_MODELS"] == "${VBS_MODELS:-squeezenet1_0}"
         assert env["VBS_CACHE_DIR"] and env["VBS_DEVICE"] == "cpu"
-        assert service["build"]["dockerfile"] == "docker/Dockerfile.cpu"
         assert service.get("read_only") is True and service.get("cap_drop") == ["ALL"]
-    assert services["planner"]["image"] == services["worker"]["image"]
+    # the worker serves what the planner compiled for the same model entries, dtype and
+    # runtimes (part of the tables' fingerprint): ONNX Runtime, as the lean worker needs
+    for name in ("VBS_STORE", "VBS_MODELS", "VBS_BATCH_MAX", "VBS_DTYPE", "VBS_DEVICE",
+                 "VBS_RUNTIME"):
+        assert services["planner"]["environment"][name] == services["worker"]["environment"][name]
+    assert services["worker"]["environment"]["VBS_RUNTIME"] == "onnxruntime"
     assert "--store" not in command_text(services["planner"]), \
         "the store URL holds the password: pass it in the environment, not on the command line"
+
+
+def test_the_planner_runs_the_torch_image_the_worker_the_lean_one(compose: dict[str, Any]) -> None:
+    """The planner captures and profiles with torch (docker/Dockerfile.cpu); the CPU worker
+    serves the compiled model without it (docker/Dockerfile.worker sets VBS_LEAN=on)."""
+    services = compose["services"]
+    for name, (image, dockerfile) in CPU_IMAGES.items():
+        assert services[name]["image"] == image
+        assert services[name]["build"] == {"context": ".", "dockerfile": dockerfile}
+    assert services["planner"]["image"] != services["worker"]["image"]
+    assert "VBS_LEAN" not in services["worker"]["environment"], \
+        "the image sets VBS_LEAN=on; compose.gpu.yaml's CUDA worker must not inherit it"
 
 
 def test_gpu_override_reserves_a_gpu_for_planner_and_worker(compose_gpu: dict[str, Any]) -> None:
@@ -114,6 +136,9 @@ def test_gpu_override_reserves_a_gpu_for_planner_and_worker(compose_gpu: dict[st
         devices = service["deploy"]["resources"]["reservations"]["devices"]
         assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
         assert service["environment"]["VBS_DEVICE"] == "cuda"
+        assert service["environment"]["VBS_RUNTIME"] == "auto"
+        # the worker too: the CUDA image with torch, in place of the lean CPU worker image
+        assert service["image"] == "vbs-serve:0.1.0-cuda"
         assert service["build"]["dockerfile"] == "docker/Dockerfile.cuda"
     assert "redis" not in compose_gpu["services"]
 
@@ -167,14 +192,18 @@ def test_compose_config_merges_the_gpu_override() -> None:
         service = services[name]
         assert service["environment"]["VBS_DEVICE"] == "cuda"
         assert service["environment"]["VBS_STORE"].endswith("@redis:6379/0"), "base settings kept"
+        assert service["image"] == "vbs-serve:0.1.0-cuda"
         assert service["build"]["dockerfile"] == "docker/Dockerfile.cuda"
+        assert service["environment"].get("VBS_LEAN", "off") == "off", "torch serves on CUDA"
+        assert service["environment"]["VBS_RUNTIME"] == "auto", "ONNX Runtime runs on the CPU only"
         devices = service["deploy"]["resources"]["reservations"]["devices"]
         assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
 
 
 def test_compose_config_merges_the_offline_override_into_build_arguments_only() -> None:
     """compose.offline.yaml substitutes base images and torch's index through build arguments
-    and image names; every service runs as compose.yaml says, from the same Dockerfile."""
+    and image names; every service runs as compose.yaml says, from the same Dockerfile. The
+    worker's image (no torch) takes the base image only."""
     env = {"REDIS_PASSWORD": "0123abcd"}
     base = compose_config("compose.yaml", env=env)
     offline = compose_config("compose.yaml", "compose.offline.yaml", env=env)
@@ -186,8 +215,11 @@ def test_compose_config_merges_the_offline_override_into_build_arguments_only() 
         keep = {k: v for k, v in plain[name].items() if k not in ("image", "build")}
         assert {k: v for k, v in changed[name].items() if k in keep} == keep, name
         assert changed[name]["build"]["network"] == "host"
-    for name in ("planner", "worker"):
+    for name, (image, dockerfile) in CPU_IMAGES.items():
         build = changed[name]["build"]
-        assert build["dockerfile"] == plain[name]["build"]["dockerfile"] == "docker/Dockerfile.cpu"
-        assert set(build["args"]) == {"PYTHON_IMAGE", "TORCH_INDEX_URL"}
-        assert build["args"]["TORCH_INDEX_URL"].startswith("http://127.0.0.1:")
+        assert changed[name]["image"] == f"{image}-offline"
+        assert build["dockerfile"] == plain[name]["build"]["dockerfile"] == dockerfile
+    planner, worker = changed["planner"]["build"], changed["worker"]["build"]
+    assert set(planner["args"]) == {"PYTHON_IMAGE", "TORCH_INDEX_URL"}
+    assert planner["args"]["TORCH_INDEX_URL"].startswith("http://127.0.0.1:")
+    assert worker["args"] == {"PYTHON_IMAGE": planner["args"]["PYTHON_IMAGE"]}

@@ -7,11 +7,13 @@ be started here, or it was not asked for.
 The tests run in order on one stack, each on what the last left: the engine (the one running,
 else a private dockerd: bench/docker_engine.py); what compose.offline.yaml substitutes for the
 registries this machine cannot reach (a debootstrap base image, torch's wheels on a local
-index: bench/offline_images.py); `compose build`; `compose up` with a password; the planner
-publishes and exits 0; the worker turns ready and healthy; real requests answered as model(x)
-with the weights the test mounts in (an image to /infer, JSON, OIP v2 over HTTP and gRPC),
-/plan, /metrics; Redis restarted under load with no request lost; the password in no log and
-on no command line; `compose down -v` leaves nothing. Build time, image size, time to ready and
+index: bench/offline_images.py); `compose build`; the worker's image without torch and at most
+1 GB; `compose up` with a password; the planner (the torch image) compiles the model with the
+weights the test mounts into it, publishes table and compiled model to Redis and exits 0; the
+worker (the lean image) serves from there, turns ready and healthy; real requests answered as
+model(x) with those weights (an image to /infer, JSON, OIP v2 over HTTP and gRPC), /plan,
+/metrics; Redis restarted under load with no request lost; the password in no log and on no
+command line; `compose down -v` leaves nothing. Build time, image sizes, time to ready and
 requests answered go to <state>/transcript.json (and stdout) for docs/operations.md; nothing
 is asserted about a time.
 """
@@ -47,7 +49,10 @@ MODEL, SHAPE, BATCH_MAX = "squeezenet1_0", (3, 96, 96), 4  # planned in about a 
 BUILD_TIMEOUT_S = 3600.0
 READY_TIMEOUT_S = 900.0  # redis, the planner's profiling and the worker's start: upper bounds
 WEIGHTS_IN_CONTAINER = "/run/vbs-test/weights.pt"
-RTOL, ATOL = 1e-4, 1e-4  # ONNX Runtime runs most units in the container, torch here
+WORKER_IMAGE_MAX_BYTES = 10**9  # 1 GB, as `docker images` counts (decimal)
+# what the lean worker image leaves out of pyproject.toml's dependencies (docker/Dockerfile.worker)
+NOT_IN_WORKER = ("torch", "torchvision", "numba", "llvmlite", "matplotlib", "tqdm")
+RTOL, ATOL = 1e-4, 1e-4  # ONNX Runtime runs every unit in the container, torch here
 SETTLE = 20  # requests answered in each phase of the Redis restart
 
 
@@ -100,7 +105,8 @@ def offline(engine: Engine, state: Path) -> Iterator[tuple[dict[str, str], dict[
 
 @pytest.fixture(scope="module")
 def model(state: Path) -> Any:
-    """The served model with seeded weights, here; the worker loads the same state_dict."""
+    """The served model with seeded weights, here; the planner compiles the same state_dict
+    into the store, which the worker serves."""
     import torch
 
     from core.loaded import ModelSpec
@@ -116,13 +122,26 @@ def model(state: Path) -> Any:
 
 
 def write_override(state: Path) -> Path:
-    """The test's own layer: the worker loads the weights the test checks its answers with."""
+    """The test's own layer: the planner compiles the weights the test checks its answers with
+    into the store (`vbs plan --weights`, compose.yaml's command otherwise); the worker, without
+    torch, serves the compiled model and never sees the file."""
     override = state / "compose.test.yaml"
-    override.write_text(json.dumps({"services": {"worker": {
-        "environment": {"VBS_WEIGHTS": WEIGHTS_IN_CONTAINER},
+    override.write_text(json.dumps({"services": {"planner": {
+        "command": ["vbs", "plan", "--batch-max", "${VBS_BATCH_MAX:-16}",
+                    "--weights", WEIGHTS_IN_CONTAINER],
         "volumes": [{"type": "bind", "source": str(state / "weights.pt"),
                      "target": WEIGHTS_IN_CONTAINER, "read_only": True}]}}}, indent=2))
     return override
+
+
+def site_packages_mb(stack: Stack, image: str, folders: str) -> dict[str, int]:
+    """MB of the named folders of the image's site-packages (those present), and of it all
+    (two du runs: one counts a folder once, in the first argument that holds it)."""
+    sizes = stack.engine.docker("run", "--rm", "--entrypoint", "sh", image, "-c",
+                                "cd /opt/venv/lib/python3*/site-packages && du -sm . && "
+                                f"du -sm {folders} 2>/dev/null", check=False).stdout
+    return {"all" if name == "." else name: int(mb)
+            for mb, name in (line.split() for line in sizes.splitlines())}
 
 
 def started_at(container: dict[str, Any], key: str = "StartedAt") -> float:
@@ -172,17 +191,30 @@ def bring_up(stack: Stack, state: Path) -> None:
     t["build_s"] = round(time.monotonic() - started, 1)
     services = stack.config()["services"]
     image = t["image"] = services["worker"]["image"]
-    t["image_bytes"], t["redis_image_bytes"], t["base_image_bytes"] = (
+    planner = t["planner_image"] = services["planner"]["image"]
+    t["image_bytes"], t["planner_image_bytes"], t["redis_image_bytes"], t["base_image_bytes"] = (
         int(stack.engine.docker("image", "inspect", name, "--format", "{{.Size}}").stdout)
-        for name in (image, services["redis"]["image"], stack.env["VBS_OFFLINE_BASE_IMAGE"]))
-    t["torch_in_image"] = stack.engine.docker(
+        for name in (image, planner, services["redis"]["image"],
+                     stack.env["VBS_OFFLINE_BASE_IMAGE"]))
+    t["docker_images"] = stack.engine.docker(
+        "images", "--filter", "dangling=false",
+        "--format", "{{.Repository}}:{{.Tag}} {{.Size}}").stdout.splitlines()
+    # the worker's image: which of what it leaves out could be imported (none, the test says)
+    found = stack.engine.docker(
         "run", "--rm", "--entrypoint", "python", image, "-c",
-        "import torch, torchvision; print(torch.__version__, torchvision.__version__)").stdout.strip()
-    sizes = stack.engine.docker("run", "--rm", "--entrypoint", "sh", image, "-c",
-                                "cd /opt/venv/lib/python3*/site-packages && du -sm "
-                                "torch nvidia triton cuda 2>/dev/null", check=False).stdout
-    t["site_packages_mb"] = {name: int(mb) for mb, name in
-                             (line.split() for line in sizes.splitlines())}
+        "import importlib.util as u; print(*[m for m in %r if u.find_spec(m)])" % (NOT_IN_WORKER,))
+    t["torch_in_image"] = found.stdout.split()
+    t["worker_versions"] = stack.engine.docker(
+        "run", "--rm", "--entrypoint", "python", image, "-c",
+        "import numpy, onnx, onnxruntime; print(numpy.__version__, onnx.__version__, "
+        "onnxruntime.__version__)").stdout.strip()
+    t["torch_in_planner_image"] = stack.engine.docker(
+        "run", "--rm", "--entrypoint", "python", planner, "-c",
+        "import torch, torchvision; print(torch.__version__, torchvision.__version__)"
+    ).stdout.strip()
+    t["site_packages_mb"] = {name: site_packages_mb(stack, name, folders) for name, folders in (
+        (image, "onnxruntime onnx numpy numpy.libs ml_dtypes grpc PIL pillow.libs"),
+        (planner, "torch nvidia triton cuda"))}
     started = time.monotonic()
     stack.compose("up", "-d", timeout=READY_TIMEOUT_S, log=state / "up.log")
     ready = wait_until_ready(stack, READY_TIMEOUT_S)
@@ -193,7 +225,16 @@ def bring_up(stack: Stack, state: Path) -> None:
     t["worker_start_to_ready_s"] = round(ready_wall - started_at(worker), 1)
 
 
-# ------------------------------------------------------------------------------- the image
+# ------------------------------------------------------------------------------- the images
+def test_the_worker_image_has_no_torch_and_fits_in_1_gb(stack: Stack) -> None:
+    t = stack.transcript
+    assert t["torch_in_image"] == [], f"{t['image']} has {t['torch_in_image']}"
+    assert t["image_bytes"] <= WORKER_IMAGE_MAX_BYTES, \
+        f"{t['image']}: {t['image_bytes'] / 1e9:.2f} GB, more than 1 GB"
+    assert t["torch_in_planner_image"], "the planner's image must have torch (it captures)"
+    assert t["image"] != t["planner_image"]
+
+
 def test_the_image_runs_unprivileged_read_only_and_turns_healthy(stack: Stack) -> None:
     image = json.loads(stack.engine.docker("image", "inspect", stack.transcript["image"]).stdout)[0]
     assert image["Config"]["User"] == "10001:10001"
@@ -224,6 +265,24 @@ def test_the_planner_published_the_table_the_worker_serves(stack: Stack) -> None
 
     assert stack.redis_cli("EXISTS", table_key(plan["table_id"])) == "1"
     stack.transcript["table_id"] = plan["table_id"]
+
+
+def test_the_worker_serves_the_compiled_model_without_torch(stack: Stack) -> None:
+    """The planner compiled the model into Redis under the alias of the worker's model entry;
+    the worker (VBS_LEAN=on in its image) serves that, not a model of its own."""
+    from core.spec import ModelSpec
+    from planner.store.keys import model_key
+    from planner.stored import compiled_key
+
+    alias = model_key(compiled_key(MODEL, ModelSpec(name=MODEL, input_shape=SHAPE)))
+    assert stack.redis_cli("EXISTS", alias) == "1", f"no compiled model under {alias}"
+    status, body = get(f"{stack.base}/models")
+    assert status == 200, body
+    described = next(m for m in json.loads(body)["models"] if m["name"] == MODEL)
+    assert described["runs_on"] == "compiled ONNX graphs, without torch", described
+    log = stack.compose("logs", "--no-color", "worker").stdout
+    assert f"{MODEL}: served without torch from compiled model" in log, log[-2000:]
+    assert stack.compose("exec", "-T", "worker", "printenv", "VBS_LEAN").stdout.strip() == "on"
 
 
 # ------------------------------------------------------------------------------- requests

@@ -1,8 +1,11 @@
-"""docker/Dockerfile.cpu and docker/Dockerfile.cuda, read as Dockerfiles: multi-stage from pinned
-slim bases, the project installed as a package, a non-root user, a health check that works.
+"""docker/Dockerfile.cpu, docker/Dockerfile.cuda and docker/Dockerfile.worker (the CPU worker
+without torch), read as Dockerfiles: multi-stage from pinned slim bases, the project installed as
+a package, a non-root user, a health check that works; the worker's requirements are
+pyproject.toml's dependencies less torch and what serving never imports.
 
 No Docker engine here, so nothing is built: the checks read the files, run the HEALTHCHECK command
-itself against a local HTTP server, and check that .dockerignore lets in what the COPYs need."""
+itself against a local HTTP server, and check that .dockerignore lets in what the COPYs need
+(`make compose-test` builds and runs the images)."""
 
 from __future__ import annotations
 
@@ -17,8 +20,14 @@ import pytest
 
 from tests.deploy.support import REPO, run_python_check
 
-DOCKERFILES = {"cpu": REPO / "docker" / "Dockerfile.cpu", "cuda": REPO / "docker" / "Dockerfile.cuda"}
+DOCKERFILES = {flavour: REPO / "docker" / f"Dockerfile.{flavour}"
+               for flavour in ("cpu", "cuda", "worker")}
+WITH_TORCH = ("cpu", "cuda")  # the worker image has none
 TORCH, TORCHVISION = "2.14.1", "0.29.1"
+WORKER_REQUIREMENTS = REPO / "docker" / "worker-requirements.txt"
+# pyproject.toml's dependencies the worker image leaves out: `vbs serve` on the CPU without
+# torch never imports them (numba: the DP's kernels, imported only by `vbs solve` and `vbs plan`)
+NOT_IN_WORKER = {"torch", "torchvision", "numba", "matplotlib", "tqdm"}
 
 
 @dataclass
@@ -137,18 +146,23 @@ def test_runs_as_a_non_root_numeric_user(instructions: list[Instruction]) -> Non
                for i in final_stage(instructions)), "uid 10001 has no passwd entry"
 
 
-def test_exposes_8000_and_8001_and_serves_by_default(instructions: list[Instruction]) -> None:
+def test_exposes_8000_and_8001_and_serves_by_default(flavour: str,
+                                                      instructions: list[Instruction]) -> None:
     runtime = final_stage(instructions)
     exposed = {port for i in runtime if i.keyword == "EXPOSE" for port in i.args.split()}
     assert {"8000", "8001"} <= exposed, "HTTP (8000) and gRPC (8001)"
     cmd = [i for i in runtime if i.keyword == "CMD"]
     assert cmd and exec_form(cmd[-1].args) == ["vbs", "serve"]
     env = " ".join(i.args for i in runtime if i.keyword == "ENV")
-    for name in ("VBS_CACHE_DIR", "NUMBA_CACHE_DIR", "MPLCONFIGDIR"):
+    written = ["VBS_CACHE_DIR"]
+    if flavour in WITH_TORCH:  # numba's kernel cache and matplotlib's: not in the lean worker
+        written += ["NUMBA_CACHE_DIR", "MPLCONFIGDIR"]
+    for name in written:
         assert name in env, f"runtime ENV does not set {name} (needed with a read-only root fs)"
     assert "VBS_GRPC_PORT=8001" in env.split()
 
 
+@pytest.mark.parametrize("flavour", WITH_TORCH)
 def test_installs_the_project_as_a_package_with_pinned_torch(flavour: str,
                                                              instructions: list[Instruction]) -> None:
     runs = [substitute(i.args, arg_defaults(instructions))
@@ -189,6 +203,70 @@ def test_copies_only_what_dockerignore_lets_in(instructions: list[Instruction]) 
         assert not excluded(source), f"COPY {source}: excluded by .dockerignore"
     for heavy in (".venv", ".git", "tests", "profiles"):
         assert excluded(heavy), f".dockerignore lets {heavy} into the build context"
+
+
+# ------------------------------------------------------------------------------- the lean worker
+def requirement_lines(path: Path) -> list[str]:
+    """A requirements file's entries, comments and blank lines dropped."""
+    lines = (line.split(" #", 1)[0].strip() for line in path.read_text().splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def pyproject_dependencies() -> dict[str, str]:
+    """pyproject.toml's [project] dependencies: normalised name -> the entry as written."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    entries = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    return {canonicalize_name(Requirement(e).name): e for e in entries}
+
+
+def test_worker_requirements_are_pyprojects_dependencies_less_torch() -> None:
+    """Every line of docker/worker-requirements.txt names a pyproject.toml dependency with the
+    same version range (floor included) and marker; every dependency is there but torch,
+    torchvision, numba, matplotlib and tqdm, so a new dependency must be decided for the worker too."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    declared = pyproject_dependencies()
+    listed: dict[str, Requirement] = {}
+    for line in requirement_lines(WORKER_REQUIREMENTS):
+        wanted = Requirement(line)
+        name = canonicalize_name(wanted.name)
+        assert name not in listed, f"{line}: listed twice"
+        assert name in declared, f"{line}: not a dependency in pyproject.toml"
+        have = Requirement(declared[name])
+        assert (wanted.specifier, wanted.marker, wanted.extras) == \
+            (have.specifier, have.marker, have.extras), \
+            f"{line}: pyproject.toml says {declared[name]!r}"
+        listed[name] = wanted
+    assert not {"torch", "torchvision"} & set(listed), "the worker image has no torch"
+    assert set(listed) == set(declared) - NOT_IN_WORKER, \
+        f"missing from the worker: {sorted(set(declared) - NOT_IN_WORKER - set(listed))}; " \
+        f"left out: {sorted(set(listed) & NOT_IN_WORKER)}"
+
+
+def test_the_worker_image_installs_no_torch_and_serves_lean() -> None:
+    instructions = parse(DOCKERFILES["worker"])
+    runs = "\n".join(i.args for i in instructions if i.keyword == "RUN")
+    copies = [shlex.split(i.args) for i in instructions
+              if i.keyword == "COPY" and "--from=" not in i.args]
+    assert ["docker/worker-requirements.txt", "/tmp/worker-requirements.txt"] in copies
+    assert re.search(r"pip install (--requirement|-r) /tmp/worker-requirements.txt", runs)
+    assert re.search(r"pip install --no-deps \.(\s|$)", runs), \
+        "the project without pyproject's dependencies (they name torch)"
+    assert not re.search(r"pip install [^\n]*\s\.(\s|$)", runs.replace("--no-deps .", "")), \
+        "a second install of the project would bring torch"
+    assert "torch==" not in runs and "--index-url" not in runs
+    # the build proves the serving path imports and no dependency brought torch in
+    assert 'python -c "import service.main, service.commands"' in runs
+    assert "vbs serve --help" in runs
+    assert all(f"'{name}'" in runs for name in NOT_IN_WORKER), \
+        "the build checks that none of what the worker leaves out came in"
+    env = " ".join(i.args for i in final_stage(instructions) if i.keyword == "ENV").split()
+    assert "VBS_LEAN=on" in env and "VBS_DEVICE=cpu" in env
 
 
 # ------------------------------------------------------------------------------- HEALTHCHECK

@@ -141,3 +141,19 @@ def test_show_sweeps_budgets(tmp_path, capsys) -> None:
     lines = capsys.readouterr().out.strip().splitlines()
     assert "vbs/fbs-best" in lines[1] and len(lines) == 2 + 4
     assert lines[-1].split()[-1].endswith("x")  # at the top budget every solver is feasible
+
+
+def test_plan_takes_the_weights_setting_as_serve_does(monkeypatch, tmp_path) -> None:
+    """VBS_WEIGHTS reaches `vbs plan` as it reaches `vbs serve`: a worker without torch serves
+    the weights the planner compiled, so a planner that ignored it would serve random ones."""
+    from planner.cli_plan import _specs
+    from planner.cli import settings_from
+    from service.commands import build_parser
+
+    weights = tmp_path / "w.pt"
+    monkeypatch.setenv("VBS_WEIGHTS", str(weights))
+    args = build_parser().parse_args(["plan", "--model", MODEL, "--batch-max", "2"])
+    [(served, spec)] = _specs(args, settings_from(args))
+    assert served == "tiny" and spec.weights == weights
+    args = build_parser().parse_args(["plan", "--model", MODEL, "--weights", "x.pt"])
+    assert _specs(args, settings_from(args))[0][1].weights.name == "x.pt"
