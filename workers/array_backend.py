@@ -202,7 +202,10 @@ class ArrayModel:
 
     def host_buffer(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """The batch buffer for ``n`` samples and its numpy view (the same array here)."""
-        buffer = np.zeros((n, *self.input_shape), dtype=self.dtype)  # its pages now
+        buffer = np.empty((n, *self.input_shape), dtype=self.dtype)
+        # its pages now, not when the first full batch writes them (calloc's zeros are not
+        # touched): in the group's working set from the start, as the torch worker's buffer
+        buffer.fill(0)
         return buffer, buffer
 
     def to_input(self, x: np.ndarray) -> np.ndarray:

@@ -4,11 +4,12 @@ This module has no torch: ``core.runtimes.onnxrt`` binds torch tensors to these 
 ``core.runtimes.ort_arrays`` numpy arrays (a worker that runs stored graphs without torch).
 
 A run (consecutive children of one series, at one batch size) is composed from the units'
-ONNX graphs (``core.runtimes.onnx_graphs``) and gets a session the first time it runs;
+ONNX graphs (``core.runtimes.onnx_compose``) and gets a session the first time it runs;
 sessions are kept by run, the least recently used given back beyond ``max_sessions``
 (`VBS_ORT_SESSIONS`), and before a session is made while memory is short (``room``): each
-holds a thread and its own copies of its run's weights. Inputs and outputs are
-bound with I/O binding to the executor's own tensors, so ONNX Runtime allocates only what lives inside a run: the activations between
+holds a thread and its plan; the weights are the model's, held once for all its sessions
+(``core.runtimes.ort_weights``). Inputs and outputs are bound with I/O binding to the caller's
+buffers, so ONNX Runtime allocates only what lives inside a run: the activations between
 its units and its kernels' scratch, which is the run's workspace in the model of memory.
 
 Every session of the process shares one arena that grows by what is asked, no more
