@@ -55,6 +55,10 @@ class ModelLoader:
         self._executors: dict[str, ThreadPoolExecutor] = {}  # model -> its torch thread
         self._store: PlanStore | None = None
         self._store_lock = threading.Lock()
+        if settings.ort_arena == "none":  # what a call allocates leaves the working set with it
+            from core.runtimes.ort_sessions import give_back_freed_memory
+
+            give_back_freed_memory()
 
     def torch_thread(self, entry: ModelEntry) -> ThreadPoolExecutor:
         """The thread that runs ``entry``'s torch work: the process's one on the CPU, unless
@@ -205,7 +209,8 @@ class ModelLoader:
         worker = Worker(model, table, self.memory.probe, name=entry.name,
                         memory=self.memory, lease_timeout_s=s.request_timeout_s,
                         runtime_options=RuntimeOptions(spin=s.ort_spin,
-                                                       max_sessions=s.ort_sessions))
+                                                       max_sessions=s.ort_sessions,
+                                                       arena=s.ort_arena == "shared"))
         self.memory.budget()  # read here, on the torch thread: known from the start
         in_shape, out_shape = tuple(worker.model.input_shape), tuple(worker.model.output_shape)
         if lean:  # what `vbs plan` read of the model's family, stored with it

@@ -41,6 +41,13 @@ class Settings(PlannerSettings):
                                        "call, and sleep once it returns; false: they sleep "
                                        "between operators too (a wake-up each, slower on small "
                                        "operators; the profile is measured spinning)")
+    ort_arena: Literal["shared", "none"] = Field(
+        default="shared",
+        description="ONNX Runtime's memory for what lives inside a call: one arena for every "
+                    "session (shared: kept at its largest after the call, so a memory limit's "
+                    "reading counts it as used), or none (given back to the kernel when each call "
+                    "returns: far less memory held under a limit, and slower calls, each "
+                    "faulting its pages in again)")
 
     host: str = Field(default="127.0.0.1", min_length=1, description="address the service listens on")
     port: int = Field(default=8000, ge=0, le=65535, description="TCP port of the service (0 = any free)")

@@ -185,7 +185,8 @@ class ArrayModel:
         from core.runtimes.ort_arrays import ArrayUnits
 
         return ArrayUnits(self.compiled.graphs, spin=options.spin,  # type: ignore[return-value]
-                          max_sessions=options.max_sessions, room=options.room)
+                          max_sessions=options.max_sessions, room=options.room,
+                          arena=options.arena)
 
     def prepare(self, steps: Sequence[Step], splits: dict[int, list[int]] | None,
                 runs: dict[int, int] | None, samples: int) -> ArrayRun:

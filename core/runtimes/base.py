@@ -29,11 +29,12 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class RuntimeOptions:
     """How a worker loads a runtime: ONNX Runtime's session policy (``spin``, the most
-    sessions kept), and ``room``, the bytes free now on the runtime's memory, read before
+    sessions kept, ``arena``), and ``room``, the bytes free now on the runtime's memory, read before
     it makes a session or captures a graph (None: not read)."""
 
     spin: bool = True
     max_sessions: int = 128
+    arena: bool = True  # ONNX Runtime's shared arena; False: what a call allocates goes back
     room: Callable[[], int] | None = None
 
 

@@ -83,4 +83,4 @@ class OrtUnits(OrtSessions):
 
 def load(capture: Capture, options: RuntimeOptions) -> OrtUnits:
     return OrtUnits(capture, spin=options.spin, max_sessions=options.max_sessions,
-                    room=options.room)
+                    room=options.room, arena=options.arena)

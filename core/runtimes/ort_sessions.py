@@ -80,6 +80,25 @@ def weight_bytes(model: onnx.ModelProto) -> int:
     return sum(len(t.raw_data) or 4 * len(t.float_data) for t in model.graph.initializer)
 
 
+def give_back_freed_memory() -> bool:
+    """Make glibc give large freed buffers back to the kernel at once (its mmap threshold fixed
+    at 128 KiB; by default it rises to 32 MiB after the first such free, and buffers below it
+    stay on the heap): what ONNX Runtime allocates in a call without its arena then leaves the
+    process's working set when the call returns. Process-wide; False where malloc is not
+    glibc's."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, 128 * 1024))
+    except (OSError, AttributeError):
+        return False
+
+
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
 def session_options(threads: int, *, arena: bool = True, spin: bool = True) -> ort.SessionOptions:
     """Options of every session: ``threads`` intra-op threads that spin between operators
     while a call runs (sleep, without ``spin``) and stop when it returns, the shared arena
