@@ -211,9 +211,11 @@ class OrtSessions:
                 session = self._weights.session(model, session_options(
                     self.threads, arena=self._arena, spin=self.spin))
                 # what the process grew by, less the weights it added to the shared ones
-                # (counted once, in held_bytes); where it reused pages freed before, the
-                # growth shows less than the session keeps
-                grown = max(0, status_bytes("VmRSS") - before - self._weights.last_new_bytes)
+                # (counted once, in held_bytes), and at least its graph, which it copies (the
+                # weights too small to share among them): where it reused pages freed before,
+                # the growth shows less than the session keeps
+                grown = max(self._weights.last_graph_bytes,
+                            status_bytes("VmRSS") - before - self._weights.last_new_bytes)
                 found = self._runs[key] = _Run(session, threading.local(), held=grown)
             found.used = next(self._clock)
         return found

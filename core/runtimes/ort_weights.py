@@ -63,6 +63,7 @@ class SharedWeights:
         open(os.path.join(self._dir, _PLACEHOLDER), "wb").close()
         self._finalizer = weakref.finalize(self, shutil.rmtree, self._dir, True)
         self.last_new_bytes = 0  # bytes the last ``session`` call added to the buffers
+        self.last_graph_bytes = 0  # the last session's graph: what it copies (small weights too)
 
     @property
     def held_bytes(self) -> int:
@@ -93,6 +94,7 @@ class SharedWeights:
             if graph is None:
                 graph = self._graphs[(key, int(level))] = self._prepare(model, level, providers)
             self.last_new_bytes = self.held_bytes - before
+            self.last_graph_bytes = len(graph.proto)
             for name, content in graph.weights:
                 options.add_initializer(name, self._tensors[content][1])
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

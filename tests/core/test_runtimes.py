@@ -200,8 +200,10 @@ def test_a_session_is_made_only_where_memory_allows_and_old_ones_go_first() -> N
     units.prepare(whole, 1)
     grown = _rss_anon() - before
     assert grown <= need, f"a session of {need // SESSION_GROWTH} weight bytes grew {grown}"
-    # what it keeps is measured as it is made (resident memory: the weights at least)
-    assert need // SESSION_GROWTH <= units.held_bytes <= need and units.cached_bytes == 0
+    # what it keeps is measured as it is made (resident memory: the weights at least, held once
+    # as ONNX Runtime's optimiser left them, which folds a few KB of tiny constants away)
+    assert 0.99 * (need // SESSION_GROWTH) <= units.held_bytes <= need
+    assert units.cached_bytes == 0
     units.prepare(tuple(children[:3]), 1)
     assert units.sessions == 2
     free[0] = 0  # short: every session is given back, and still short
