@@ -150,6 +150,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # file read there too (no memory: more models than memory holds load on demand)
         for _, spec in specs:
             sketch_model(spec, check_weights=True)
+    if settings.hugepages:
+        _restart_with_hugepages()
     logging.getLogger("vbs").setLevel(args.log_level.upper())
     if not logging.getLogger().handlers:
         logging.basicConfig(level=args.log_level.upper(),
@@ -163,6 +165,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
                log_level=args.log_level, access_log=settings.access_log,
                timeout_graceful_shutdown=int(settings.request_timeout_s) + 5)
     return 0
+
+
+def _restart_with_hugepages() -> None:
+    """Start this program again, as it was started, with glibc's huge-page tunable
+    (``core.malloc.hugepages_env``; glibc reads it only when a process starts), where it is
+    not set: the process keeps its PID, its cgroup and its parent. Only when `vbs serve` is
+    the program (not ``main([...])`` called inside another), and only once: the tunable is
+    set then."""
+    import os
+    import sys
+
+    from core.malloc import HUGETLB, hugepages_env
+
+    argv = list(getattr(sys, "orig_argv", ()))
+    if "serve" not in sys.argv[1:3] or not argv:
+        return
+    env = hugepages_env(os.environ)
+    if env is None:
+        return
+    print(f"vbs serve: starting again with GLIBC_TUNABLES={HUGETLB}=1 (large buffers in "
+          "transparent huge pages; VBS_HUGEPAGES=false: never)", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    try:
+        os.execve(sys.executable, [sys.executable, *argv[1:]], env)
+    except OSError as exc:  # serve as it is
+        log.warning("could not start again with huge pages: %s", exc)
 
 
 def _check_compiled(settings: Any, specs: list[tuple[str, Any]]) -> None:

@@ -55,7 +55,10 @@ class ModelLoader:
         self._executors: dict[str, ThreadPoolExecutor] = {}  # model -> its torch thread
         self._store: PlanStore | None = None
         self._store_lock = threading.Lock()
-        if settings.ort_arena == "none":  # what a call allocates leaves the working set with it
+        # ONNX Runtime's arena, or none where what a call allocates should leave the working
+        # set with it (under a cgroup limit the ledger reads the group)
+        self.arena = settings.arena(limited=memory.ledger is not None)
+        if not self.arena:
             from core.runtimes.ort_sessions import give_back_freed_memory
 
             give_back_freed_memory()
@@ -210,7 +213,7 @@ class ModelLoader:
                         memory=self.memory, lease_timeout_s=s.request_timeout_s,
                         runtime_options=RuntimeOptions(spin=s.ort_spin,
                                                        max_sessions=s.ort_sessions,
-                                                       arena=s.ort_arena == "shared"))
+                                                       arena=self.arena))
         self.memory.budget()  # read here, on the torch thread: known from the start
         in_shape, out_shape = tuple(worker.model.input_shape), tuple(worker.model.output_shape)
         if lean:  # what `vbs plan` read of the model's family, stored with it

@@ -41,13 +41,20 @@ class Settings(PlannerSettings):
                                        "call, and sleep once it returns; false: they sleep "
                                        "between operators too (a wake-up each, slower on small "
                                        "operators; the profile is measured spinning)")
-    ort_arena: Literal["shared", "none"] = Field(
-        default="shared",
+    ort_arena: Literal["auto", "shared", "none"] = Field(
+        default="auto",
         description="ONNX Runtime's memory for what lives inside a call: one arena for every "
                     "session (shared: kept at its largest after the call, so a memory limit's "
                     "reading counts it as used), or none (given back to the kernel when each call "
-                    "returns: far less memory held under a limit, and slower calls, each "
-                    "faulting its pages in again)")
+                    "returns, faulted in again by the next: far less memory held, calls a little "
+                    "slower, as good as the arena with huge pages); auto: none where a cgroup "
+                    "memory limit applies, shared elsewhere")
+    hugepages: bool = Field(
+        default=True,
+        description="`vbs serve` starts itself again with glibc's glibc.malloc.hugetlb=1 tunable "
+                    "where it is not set and the kernel gives transparent huge pages on advice: "
+                    "large buffers faulted in 2 MiB at a time (ONNX Runtime's without its arena, "
+                    "the batches'); false: never")
 
     host: str = Field(default="127.0.0.1", min_length=1, description="address the service listens on")
     port: int = Field(default=8000, ge=0, le=65535, description="TCP port of the service (0 = any free)")
@@ -229,6 +236,11 @@ class Settings(PlannerSettings):
         if not device.startswith("cpu") or self.lean == "off":
             return False
         return self.lean == "on" or not torch_importable()
+
+    def arena(self, limited: bool) -> bool:
+        """Whether ONNX Runtime's sessions share an arena (``ort_arena``), ``limited``: a cgroup
+        memory limit applies to the CPU."""
+        return self.ort_arena == "shared" or (self.ort_arena == "auto" and not limited)
 
     def pipelined(self, device: str) -> bool:
         """Whether a model on ``device`` runs its batches in two stages (``pipeline``)."""

@@ -25,8 +25,6 @@ headroom read now (``plan_free``). The ledger is a part of the device's memory o
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import threading
 import time
 import weakref
@@ -35,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import RequestTooLargeError
+from core.malloc import map_large_blocks, trimmer
 from workers.cgroup import CgroupMemory, read_cgroup
 
 RESERVE_SHARE = 8       # plans leave 1/RESERVE_SHARE of the memory for requests arriving meanwhile
@@ -44,37 +43,11 @@ REBASE_S = 0.5           # the idle working set is read at most this often
 # counts this many times against the limit (docs/operations.md, "Sizing a memory limit")
 GROWTH = 2.0
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-MMAP_THRESHOLD = 1 << 20  # larger blocks are mapped alone, and unmapped when freed
-
-
-def map_large_blocks() -> None:
-    """glibc's malloc maps blocks of at least ``MMAP_THRESHOLD`` bytes alone, and gives them
-    back when freed (no-op elsewhere). By default the threshold rises to the largest block
-    freed (up to 32 MiB), so request bodies and decoded samples end up in the heaps of its
-    per-thread arenas, which keep them after they are freed: memory no request holds, that the
-    limit's ledger sees only as use."""
-    name = ctypes.util.find_library("c")
-    try:
-        mallopt = ctypes.CDLL(name).mallopt if name else None
-    except (OSError, AttributeError):
-        mallopt = None
-    if mallopt is not None:
-        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-
-
-def _trimmer() -> Callable[[], None]:
-    """glibc's malloc_trim(0): free pages the allocator keeps go back to the kernel (no-op
-    elsewhere)."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        trim = libc.malloc_trim if libc is not None else None
-    except (OSError, AttributeError):
-        trim = None
-    if trim is None:
-        return lambda: None
-    return lambda: trim(0) and None
+# request bodies and samples: blocks this large are mapped alone, and unmapped when freed; by
+# default glibc raises the threshold to the largest block freed (up to 32 MiB), so they would end
+# up in the heaps of its per-thread arenas, which keep them after they are freed: memory no
+# request holds, that the limit's ledger sees only as use
+MMAP_THRESHOLD = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -122,7 +95,7 @@ class RequestLedger:
                  trim: Callable[[], None] | None = None) -> None:
         self._leased, self._need, self._want, self.margin = leased, need, want, margin
         self._read = read
-        self._trim = trim if trim is not None else _trimmer()
+        self._trim = trim if trim is not None else trimmer()
         self._lock = threading.Lock()
         self._held: dict[int, int] = {}     # ticket -> bytes it holds (estimated until decoded)
         self._held_total = 0
@@ -136,7 +109,7 @@ class RequestLedger:
         first = read()
         self.active = first is not None and first.limit is not None
         if self.active and trim is None:  # the process's own allocator (tests pass their own)
-            map_large_blocks()
+            map_large_blocks(MMAP_THRESHOLD)
         if self.active and first is not None:
             self._idle = first.working_set  # read again once the models are loaded (rebase)
 

@@ -37,6 +37,7 @@ import onnx
 import onnxruntime as ort
 
 from core.errors import ExecutionError, OutOfMemoryError
+from core.malloc import map_large_blocks
 from core.runtimes.onnx_compose import CannotCompose, UnitGraphs
 from core.runtimes.ort_memory import status_bytes
 from core.runtimes.ort_weights import SharedWeights
@@ -86,17 +87,7 @@ def give_back_freed_memory() -> bool:
     stay on the heap): what ONNX Runtime allocates in a call without its arena then leaves the
     process's working set when the call returns. Process-wide; False where malloc is not
     glibc's."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, 128 * 1024))
-    except (OSError, AttributeError):
-        return False
-
-
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+    return map_large_blocks(128 * 1024)
 
 
 def session_options(threads: int, *, arena: bool = True, spin: bool = True) -> ort.SessionOptions:
