@@ -43,12 +43,12 @@ class Settings(PlannerSettings):
                                        "operators; the profile is measured spinning)")
     ort_arena: Literal["auto", "shared", "none"] = Field(
         default="auto",
-        description="ONNX Runtime's memory for what lives inside a call: one arena for every "
-                    "session (shared: kept at its largest after the call, so a memory limit's "
-                    "reading counts it as used), or none (given back to the kernel when each call "
-                    "returns, faulted in again by the next: far less memory held, calls a little "
-                    "slower, as good as the arena with huge pages); auto: none where a cgroup "
-                    "memory limit applies, shared elsewhere")
+        description="ONNX Runtime's memory for what lives inside a call, one arena for every "
+                    "session: kept at its largest after the call (shared: a memory limit's "
+                    "reading counts it as used), or its free regions given back to the kernel "
+                    "when each call returns (none: far less memory held, each call faulting its "
+                    "activations in again, a little slower); auto: none where a cgroup memory "
+                    "limit applies, shared elsewhere")
     hugepages: bool = Field(
         default=True,
         description="`vbs serve` starts itself again with glibc's glibc.malloc.hugetlb=1 tunable "

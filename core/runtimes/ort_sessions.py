@@ -14,9 +14,13 @@ its units and its kernels' scratch, which is the run's workspace in the model of
 
 Every session of the process shares one arena that grows by what is asked, no more
 (``kSameAsRequested``): sessions are many, and an arena each would multiply held memory by
-their number. Each session has its own intra-op threads (as many as torch uses) that spin
-between the operators of a call, as ONNX Runtime's defaults do (a model of a hundred small
-operators would otherwise pay a wake-up for each), and stop spinning the moment the call
+their number. The arena keeps what calls used, or gives its free regions back when each call
+returns (``arena=False``, ``run_options``): a call's activations are then one block, planned
+from its first call (ONNX Runtime's memory pattern), mapped and unmapped once a call.
+
+Each session has its own intra-op threads (as many as torch uses) that spin between the
+operators of a call, as ONNX Runtime's defaults do (a model of a hundred small operators
+would otherwise pay a wake-up for each), and stop spinning the moment the call
 returns (``session.force_spinning_stop``): the pools of sessions that are not running are
 asleep, so they neither take the cores from the one that runs nor cost an idle server CPU.
 ONNX Runtime's process-wide pools (``set_global_thread_pool_sizes``) are not used: that
@@ -90,21 +94,29 @@ def give_back_freed_memory() -> bool:
     return map_large_blocks(128 * 1024)
 
 
-def session_options(threads: int, *, arena: bool = True, spin: bool = True) -> ort.SessionOptions:
+def session_options(threads: int, *, spin: bool = True) -> ort.SessionOptions:
     """Options of every session: ``threads`` intra-op threads that spin between operators
-    while a call runs (sleep, without ``spin``) and stop when it returns, the shared arena
-    (``arena=False``: none, so what a call allocates is given back when it returns, for
-    measuring it)."""
+    while a call runs (sleep, without ``spin``) and stop when it returns, the shared arena."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = max(1, threads)
     options.inter_op_num_threads = 1
     options.add_session_config_entry(SPIN, "1" if spin else "0")
     options.add_session_config_entry(STOP, "1")
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.add_session_config_entry("session.use_env_allocators", "1")
+    return options
+
+
+def run_options(arena: bool) -> ort.RunOptions | None:
+    """A call's options: none (the arena keeps what the call used), or, without ``arena``,
+    the arena's free regions given back when the call returns (with glibc mapping them
+    alone, ``give_back_freed_memory``, they leave the working set): a call still allocates
+    its activations as one block planned from the first call's (ONNX Runtime's memory
+    pattern), one mapping a call, not one each."""
     if arena:
-        options.add_session_config_entry("session.use_env_allocators", "1")
-    else:
-        options.enable_cpu_mem_arena = False
+        return None
+    options = ort.RunOptions()
+    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
     return options
 
 
@@ -137,7 +149,7 @@ class OrtSessions:
         self._clock = itertools.count(1)  # next() is atomic under the GIL: no lock on a hit
         self.max_sessions = max(1, max_sessions)
         self._index = TreeIndex.of(graphs.shapes.tree)
-        self._arena = arena
+        self._run_options = run_options(arena)
         self._room = room  # bytes free now, read before a session is made (None: not read)
         # every weight once for all the runs' sessions (``core.runtimes.ort_weights``)
         self._weights = SharedWeights()
@@ -200,7 +212,7 @@ class OrtSessions:
                 self._make_room(first, last, SESSION_GROWTH * weight_bytes(model))
                 before = status_bytes("VmRSS")
                 session = self._weights.session(model, session_options(
-                    self.threads, arena=self._arena, spin=self.spin))
+                    self.threads, spin=self.spin))
                 # what the process grew by, less the weights it added to the shared ones
                 # (counted once, in held_bytes), and at least its graph, which it copies (the
                 # weights too small to share among them): where it reused pages freed before,
@@ -252,4 +264,4 @@ class OrtSessions:
         if out != bound.y:
             binding.bind_output("y", "cpu", 0, dtype, out[1], out[0])
             bound.y = out
-        run.session.run_with_iobinding(binding)
+        run.session.run_with_iobinding(binding, self._run_options)

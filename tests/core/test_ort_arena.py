@@ -1,6 +1,6 @@
 """``VBS_ORT_ARENA=none``: what ONNX Runtime allocates inside a call leaves the process when the
-call returns (sessions without the arena, glibc giving large buffers back at once:
-``give_back_freed_memory``), where the shared arena keeps it. In a child process each, since the
+call returns (the arena's free regions given back after each call, ``run_options``, and glibc
+giving large buffers back at once, ``give_back_freed_memory``), where the shared arena keeps it. In a child process each, since the
 malloc setting is process-wide."""
 
 from __future__ import annotations
