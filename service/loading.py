@@ -55,9 +55,9 @@ class ModelLoader:
         self._executors: dict[str, ThreadPoolExecutor] = {}  # model -> its torch thread
         self._store: PlanStore | None = None
         self._store_lock = threading.Lock()
-        # ONNX Runtime's arena, or none where what a call allocates should leave the working
-        # set with it (under a cgroup limit the ledger reads the group)
-        self.arena = settings.arena(limited=memory.ledger is not None)
+        # ONNX Runtime's arena kept, or what a call allocates leaving the working set with it
+        # (the device's memory owner says which: auto gives it back under a cgroup limit)
+        self.arena = memory.arena
         if not self.arena:
             from core.runtimes.ort_sessions import give_back_freed_memory
 

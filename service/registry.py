@@ -71,7 +71,7 @@ class Registry:
             margin=settings.memory_margin_bytes, sharing=settings.memory_sharing,
             serial=settings.device == "cpu" and settings.cpu_model_threads == "shared",
             listener=MemoryListener(metrics), cache_idle_s=settings.device_cache_idle_s,
-            total=settings.models_memory_bytes)
+            total=settings.models_memory_bytes, ort_arena=settings.ort_arena)
         self.admission = AdmissionLine(self.memory, settings.line_wait_s)
         backoff = Backoff(base=settings.store_retry_base_s, cap=settings.store_retry_cap_s)
         rng = random.Random()

@@ -237,11 +237,6 @@ class Settings(PlannerSettings):
             return False
         return self.lean == "on" or not torch_importable()
 
-    def arena(self, limited: bool) -> bool:
-        """Whether ONNX Runtime's sessions share an arena (``ort_arena``), ``limited``: a cgroup
-        memory limit applies to the CPU."""
-        return self.ort_arena == "shared" or (self.ort_arena == "auto" and not limited)
-
     def pipelined(self, device: str) -> bool:
         """Whether a model on ``device`` runs its batches in two stages (``pipeline``)."""
         return self.pipeline == "on" or (self.pipeline == "auto" and device.startswith("cuda"))

@@ -29,7 +29,7 @@ from core.table import PlanTable
 from workers.arbiter import Arbiter, ArbiterListener, Lease, Sized, Snapshot
 from workers.cgroup import CgroupMemory, read_cgroup
 from workers.device_cache import DeviceCache
-from workers.ledger import GROWTH, LedgerReport, RequestLedger, Ticket
+from workers.ledger import RETURNED_GROWTH, LedgerReport, RequestLedger, Ticket
 from workers.memory import MemoryProbe
 from workers.shares import working_bytes
 
@@ -49,7 +49,10 @@ class DeviceMemory:
     allocator trim (tests give recorded ones); ``cache_idle_s``: on CUDA, how long the device
     stays idle before the allocator's cache is given back (0: only when a smaller plan runs);
     ``total`` the most the loaded models may keep and their plans use, all together (0: no
-    such cap; ``models_capacity``).
+    such cap; ``models_capacity``). ``ort_arena``: whether ONNX Runtime's arena keeps what a
+    call used (shared), gives it back when the call returns (none), or gives it back where a
+    cgroup limit applies (auto); ``arena`` says which it is, for the runtimes this device's
+    models load.
     """
 
     def __init__(self, device: str, *, limit: int = 0, margin: int = 0,
@@ -57,7 +60,7 @@ class DeviceMemory:
                  listener: ArbiterListener | None = None,
                  read: Callable[[], CgroupMemory | None] = read_cgroup,
                  trim: Callable[[], None] | None = None, cache_idle_s: float = 1.0,
-                 total: int = 0) -> None:
+                 total: int = 0, ort_arena: str = "shared") -> None:
         self.device = device
         self.probe = MemoryProbe(device, limit=limit)
         self._margin = margin
@@ -68,6 +71,11 @@ class DeviceMemory:
         # requests are counted only on a CPU under a cgroup memory limit, where the kernel
         # kills the process; elsewhere the ledger only reports the group
         self.ledger = self._ledger if device == "cpu" and self._ledger.active else None
+        # where what a call used is given back when it returns, a plan grows the group by
+        # its own bytes, not by what the arena kept of the plans before it
+        self.arena = ort_arena == "shared" or (ort_arena == "auto" and self.ledger is None)
+        if not self.arena:
+            self._ledger.growth = RETURNED_GROWTH
         self.arbiter = Arbiter(device, self.plan_free, mode=sharing, serial=serial,
                                ceiling=self.ceiling if self.ledger is not None else None,
                                listener=listener)
@@ -239,8 +247,8 @@ class DeviceMemory:
     @property
     def growth(self) -> float:
         """How many times its bytes a plan counts against the memory it runs in (the ledger's
-        ``GROWTH`` under a cgroup limit, else 1)."""
-        return GROWTH if self.ledger is not None else 1.0
+        under a cgroup limit, else 1)."""
+        return self._ledger.growth if self.ledger is not None else 1.0
 
     def models_capacity(self) -> int:
         """What the loaded models may keep and their plans use, all together, now: the least

@@ -5,7 +5,7 @@ reaches the limit, and every request waiting in the queue holds its body and dec
 before any plan runs. So, when a limit applies (``workers.cgroup``), the memory under it is
 kept as a ledger:
 
-    limit = idle working set + what admitted requests hold + GROWTH x live leases + margin
+    limit = idle working set + what admitted requests hold + growth x live leases + margin
 
 The idle working set is read whenever nothing is held or leased (weights, runtimes, caches:
 what stays), after giving the allocator's free pages back (``malloc_trim``); blocks of 1 MiB
@@ -42,6 +42,11 @@ REBASE_S = 0.5           # the idle working set is read at most this often
 # the allocator round and keep what they were asked for, its sessions are made): a lease
 # counts this many times against the limit (docs/operations.md, "Sizing a memory limit")
 GROWTH = 2.0
+# ... where the arena gives its free regions back when each call returns and large blocks are
+# unmapped when freed: what a plan allocates leaves the group with it (the resident set's peak
+# while a plan runs stays within its claim: tests/core/test_runtimes.py, ``rss_child``); the
+# rest is for a session's first call and pages rounded up
+RETURNED_GROWTH = 1.25
 
 # request bodies and samples: blocks this large are mapped alone, and unmapped when freed; by
 # default glibc raises the threshold to the largest block freed (up to 32 MiB), so they would end
@@ -86,8 +91,12 @@ class RequestLedger:
 
     ``leased`` reads the live leases; ``need`` the bytes of a one-sample plan of a model
     (None: the largest of the models served); ``want`` the bytes at which its batches run at
-    working speed; ``margin`` the margin kept back under a limit of so many bytes.
+    working speed; ``margin`` the margin kept back under a limit of so many bytes. ``growth``
+    is how many times its bytes a plan counts (``GROWTH``, or ``RETURNED_GROWTH`` where the
+    runtimes keep nothing of a call: the memory owner sets it).
     """
+
+    growth: float = GROWTH
 
     def __init__(self, leased: Callable[[], int], need: Callable[[str | None], int],
                  want: Callable[[str | None], int], margin: Callable[[int], int], *,
@@ -168,17 +177,17 @@ class RequestLedger:
             unread = self._unread_total
         want = max(self._need(None), self._want(None))
         # requests arriving meanwhile get a reserve, but not below the plans' working bytes
-        reserve = max(0, min(capacity // RESERVE_SHARE, room - int(GROWTH * want)))
+        reserve = max(0, min(capacity // RESERVE_SHARE, room - int(self.growth * want)))
         # the group now, less the bodies still coming in and a quarter of the margin for what
         # else is in flight (the ledger keeps all of it); the arbiter adds its live leases
         headroom = reading.free - unread - self.margin(reading.limit) // 4
-        return max(0, int(min(room - reserve, headroom) / GROWTH))
+        return max(0, int(min(room - reserve, headroom) / self.growth))
 
     def ceiling(self, reading: CgroupMemory) -> int:
         """The most plans could get with nothing held: a one-sample plan larger than this
         can never run; one that fits waits for memory."""
         with self._lock:
-            return max(0, int(self._capacity(reading) / GROWTH))
+            return max(0, int(self._capacity(reading) / self.growth))
 
     # ------------------------------------------------------------------ requests
 
@@ -194,7 +203,7 @@ class RequestLedger:
         margin = self.margin(reading.limit)
         with self._lock:
             capacity = self._capacity(reading)
-            need_grown = int(GROWTH * need)
+            need_grown = int(self.growth * need)
             if hold + need_grown > capacity:
                 self._too_large += 1
                 raise RequestTooLargeError(
@@ -208,8 +217,8 @@ class RequestLedger:
             leased = self._leased()
             # what the plans keep beside it: their working bytes, or as much of them as this
             # request alone leaves under the limit (at least a one-sample plan)
-            want = max(need, min(wanted, int((capacity - hold) / GROWTH)))
-            plans = int(GROWTH * max(leased, want))
+            want = max(need, min(wanted, int((capacity - hold) / self.growth)))
+            plans = int(self.growth * max(leased, want))
             # the ledger: what is held and leased, and this one, within the limit
             if self._held_total + hold + plans > capacity:
                 return None

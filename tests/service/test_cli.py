@@ -67,16 +67,6 @@ def test_settings_fields() -> None:
     assert split_model_entry("alias=pkg.mod:f") == ("alias", "pkg.mod:f", None)
 
 
-def test_onnx_runtime_arena_by_memory_limit() -> None:
-    """auto: no arena where a cgroup limit applies (what a call allocates leaves the group
-    when it returns), the shared arena elsewhere; shared and none whatever the limit."""
-    assert Settings().ort_arena == "auto"
-    assert Settings().arena(limited=False) and not Settings().arena(limited=True)
-    for limited in (False, True):
-        assert Settings(ort_arena="shared").arena(limited)
-        assert not Settings(ort_arena="none").arena(limited)
-
-
 def test_loadtest_refuses_other_hosts() -> None:
     for url in ("http://example.com:8000", "http://10.0.0.1:8000", "ftp://127.0.0.1/",
                 "http://192.168.1.5", "127.0.0.1:8000"):

@@ -15,7 +15,7 @@ import pytest
 from core.errors import RequestTooLargeError
 from tests.workers.cgroups import IDLE, LIMIT, MiB, Recorded, table_of
 from workers.device_memory import MARGIN_SHARE, MIN_MARGIN, DeviceMemory
-from workers.ledger import GROWTH, RESERVE_SHARE
+from workers.ledger import GROWTH, RESERVE_SHARE, RETURNED_GROWTH
 
 NEED = 16 * MiB  # a one-sample plan
 MARGIN = 32 * MiB
@@ -138,3 +138,27 @@ def test_plans_get_what_is_left_less_the_reserve(recorded: Recorded) -> None:
     memory.probe.limit = 10 * MiB
     recorded.use(IDLE)
     assert memory.plan_free() == 10 * MiB == memory.budget()
+
+
+def test_the_arena_given_back_under_a_limit_and_plans_counted_by_their_own_bytes(
+        recorded: Recorded) -> None:
+    """auto: ONNX Runtime's arena gives back what a call used where a cgroup limit applies,
+    and a plan then counts ``RETURNED_GROWTH`` times its bytes, not ``GROWTH``: the same
+    limit leaves plans more; kept (shared) wherever asked, and wherever no limit applies."""
+    kept = DeviceMemory("cpu", margin=MARGIN, read=recorded.read, trim=lambda: None,
+                        ort_arena="shared")
+    given = DeviceMemory("cpu", margin=MARGIN, read=recorded.read, trim=lambda: None,
+                         ort_arena="auto")
+    assert kept.arena and kept.growth == GROWTH
+    assert not given.arena and given.growth == RETURNED_GROWTH < GROWTH
+    for memory in (kept, given):
+        table = table_of(NEED)
+        memory.register("m", lambda t=table: t, lambda: 0)
+    assert given.ceiling() == int((LIMIT - IDLE - MARGIN) / RETURNED_GROWTH) > kept.ceiling()
+    none = DeviceMemory("cpu", margin=MARGIN, read=recorded.read, trim=lambda: None,
+                        ort_arena="none")
+    assert not none.arena and none.growth == RETURNED_GROWTH
+    (recorded.group / "memory.max").write_text("max\n")
+    unlimited = DeviceMemory("cpu", margin=MARGIN, read=recorded.read, trim=lambda: None,
+                             ort_arena="auto")
+    assert unlimited.arena and unlimited.growth == 1.0
