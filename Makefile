@@ -104,10 +104,14 @@ compose-test: $(STAMP) docker-engine
 	VBS_COMPOSE_TEST=1 VBS_COMPOSE_STATE=$(abspath $(COMPOSE_STATE)) \
 	  $(BIN)/pytest -q -s -p no:cacheprovider -m compose tests/deploy/test_compose_stack.py
 
-# Serves MODEL on CPU at http://127.0.0.1:8000 with the embedded plan store (no Redis): the
-# first start profiles and plans the model (a minute or so), later starts read the table.
+# Serves MODEL on CPU at http://127.0.0.1:8000 with the embedded plan store (no Redis). The
+# first start serves at once from an interim table (the whole model in ONNX Runtime, measured
+# in seconds) while `vbs plan` profiles and plans the model beside it (a few minutes on 2
+# cores), and swaps the planned table in when it is ready; later starts read the table.
+# FIRST_START=wait plans first, serving nothing until then.
+FIRST_START ?= interim
 run: $(STAMP)
-	$(BIN)/vbs serve --model $(MODEL) --host 127.0.0.1 --port $(PORT)
+	$(BIN)/vbs serve --model $(MODEL) --host 127.0.0.1 --port $(PORT) --first-start $(FIRST_START)
 
 clean:
 	rm -rf $(VENV) $(LOWEST) .venv-gpu .pytest_cache profiles

@@ -31,6 +31,10 @@ from core.lru import LRU
 from core.program import Plan, Program, Step
 
 SCHEMA = "vbs.table/3"
+# the solver an interim table names (``planner.interim``: the whole model in one runtime call
+# at measured batch sizes, served until the model's planned table is published); no solver
+# made it, and it is never stored
+INTERIM = "interim"
 OLD_SCHEMAS = ("vbs.table/1", "vbs.table/2")
 MAX_TABLE_BYTES = 1 << 30  # a decompressed table larger than this is refused, not read
 _NO_PLAN = np.iinfo(np.int64).max

@@ -7,7 +7,9 @@ tables. Besides the served solver's table, ``vbs plan`` stores the tables of eve
 compared with it (``COMPARED``: the paper's DP and the baselines), so that /plan, `vbs show`
 and `vbs bench` answer side by side from lookups. When the store lacks one of them, or holds
 one it cannot read (an old schema, a damaged blob), the model is profiled (or the cached
-profile reused), solved and the tables published.
+profile reused), solved and the tables published. ``capture_model`` and ``read_prepared`` are
+its first two steps alone: a service that serves a model before it is planned
+(``service.first_start``) captures it and looks its tables up, and plans it elsewhere.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from planner.stored import COMPARED, model_key, publish, read, strategies
 from core.table import PlanTable
 from core.tree import Profile
 
-__all__ = ["COMPARED", "Prepared", "model_key", "options_from", "prepare", "publish", "read",
-           "strategies"]
+__all__ = ["COMPARED", "Captured", "Prepared", "capture_model", "model_key", "options_from",
+           "prepare", "publish", "read", "read_prepared", "strategies"]
 
 log = logging.getLogger("vbs.plan")
 
@@ -68,27 +70,57 @@ def options_from(settings: Settings, batch_max: int | None = None, grid: bool | 
                           runtime=settings.runtime)
 
 
+@dataclass(frozen=True)
+class Captured:
+    """A model captured, with how it is profiled and the fingerprint its tables are under."""
+
+    capture: Capture
+    options: ProfileOptions
+    fingerprint: str
+
+
+def capture_model(spec: ModelSpec, settings: Settings, *, batch_max: int | None = None,
+                  grid: bool | None = None) -> Captured:
+    """Load and capture a model (with the settings' thread count, part of the fingerprint)."""
+    apply_threads(settings.threads)
+    cap = capture(load_model(spec))
+    options = options_from(settings, batch_max, grid)
+    return Captured(cap, options, fingerprint(cap, options))
+
+
+def read_prepared(model: Captured, store: PlanStore, *, solver: str = "vbs",
+                  objective: str = "time", repair: bool = True) -> Prepared | None:
+    """``model`` with its profile and tables from the store, or None when one is missing (or,
+    with ``repair``, cannot be read; without it that is a TableFormatError)."""
+    found = read(store, model.fingerprint, strategies(solver), objective, repair=repair)
+    if found is None:
+        return None
+    log.info("%s: tables of %s read from the store", model.capture.model.spec.name,
+             model.fingerprint)
+    return Prepared(model.capture, found[0], found[1], solver, published=False)
+
+
 def prepare(spec: ModelSpec, settings: Settings, store: PlanStore, *, batch_max: int | None = None,
             solver: str = "vbs", objective: str = "time", grid: bool | None = None,
             replan: bool = False, repair: bool = True, progress: bool = True,
-            compile: bool = False, served: str | None = None) -> Prepared:
+            compile: bool = False, served: str | None = None,
+            model: Captured | None = None) -> Prepared:
     """Capture a model and get its tables: from the store, or profiled, solved and published.
 
     ``repair``: a stored table that cannot be read is planned again (else TableFormatError).
     ``compile``: the model's units are also stored for workers without torch
-    (``planner.compile``), under the alias of ``served`` (default the model's name)."""
-    apply_threads(settings.threads)
-    cap = capture(load_model(spec))
-    options = options_from(settings, batch_max, grid)
-    fp = fingerprint(cap, options)
+    (``planner.compile``), under the alias of ``served`` (default the model's name).
+    ``model``: the model captured already (``capture_model``, with these settings)."""
+    if model is None:
+        model = capture_model(spec, settings, batch_max=batch_max, grid=grid)
+    cap, options, fp = model.capture, model.options, model.fingerprint
     wanted = strategies(solver)
     if not replan:
-        found = read(store, fp, wanted, objective, repair=repair)
+        found = read_prepared(model, store, solver=solver, objective=objective, repair=repair)
         if found is not None:
-            log.info("%s: tables of %s read from the store", spec.name, fp)
             if compile:
                 ensure_compiled(store, cap, fp, served)
-            return Prepared(cap, found[0], found[1], solver, published=False)
+            return found
     log.info("%s: profiling (b = 1..%d) and planning; this takes a while once", spec.name,
              options.batch_max)
     profile, hit = cached_profile(cap, options, settings.profile_cache, progress=progress)

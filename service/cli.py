@@ -60,6 +60,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--solver", choices=["vbs", "paper", "fbs", "fbs-best", "greedy"])
     add_runtime_arg(p)
+    p.add_argument("--first-start", choices=["interim", "wait"],
+                   help="a model the store has no table for: served at once from an interim "
+                        "table while `vbs plan` plans it beside (interim), or planned first "
+                        "(wait; the default, VBS_FIRST_START)")
     p.add_argument("--max-batch-delay-ms", type=float, help="longest wait to gather a batch")
     p.add_argument("--latency-target", type=_seconds, help="gather only what a plan runs within "
                                                            "this many seconds")
@@ -107,7 +111,8 @@ _FLAGS = {"store": "store", "weights": "weights", "host": "host", "port": "port"
           "cpu_model_threads": "cpu_model_threads", "batch_max": "batch_max", "device": "device",
           "dtype": "dtype", "solver": "solver", "max_batch_delay_ms": "max_batch_delay_ms",
           "latency_target": "latency_target_s", "max_queue": "max_queue",
-          "request_timeout": "request_timeout_s", "runtime": "runtime"}
+          "request_timeout": "request_timeout_s", "runtime": "runtime",
+          "first_start": "first_start"}
 
 
 def serve_settings(args: argparse.Namespace) -> Any:
@@ -131,13 +136,15 @@ def serve_settings(args: argparse.Namespace) -> Any:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    settings = serve_settings(args)
+    if settings.hugepages:  # before anything heavy is imported: it is all imported again
+        _restart_with_hugepages()
     from core.spec import ModelSpec
     from planner.store import printable_location
     from service.grpc_server import run as run_server
     from service.main import create_app
     from service.fast.protocol import http_protocol
 
-    settings = serve_settings(args)
     specs = [(served, ModelSpec(name=name, input_shape=shape, dtype=settings.dtype,
                                 device=settings.device, weights=settings.weights))
              for served, name, shape in settings.served_models]
@@ -150,8 +157,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # file read there too (no memory: more models than memory holds load on demand)
         for _, spec in specs:
             sketch_model(spec, check_weights=True)
-    if settings.hugepages:
-        _restart_with_hugepages()
     logging.getLogger("vbs").setLevel(args.log_level.upper())
     if not logging.getLogger().handlers:
         logging.basicConfig(level=args.log_level.upper(),

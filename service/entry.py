@@ -14,7 +14,7 @@ from typing import Any
 
 from core.spec import ModelSpec
 from core.lru import LRU
-from core.table import PlanTable
+from core.table import INTERIM, PlanTable
 from planner.families import Preprocess
 from service.batcher import Batcher
 from workers.shares import working_bytes
@@ -50,6 +50,9 @@ class ModelEntry:
     table_version: int | None = None
     table_meta: dict[str, Any] = field(default_factory=dict)
     profile: Any = None             # planner's Profile (the tree the page draws)
+    # its planning beside serving (service.first_start.Planning) while it serves an interim
+    # table, and after (what became of it)
+    planning: Any = None
     fingerprint: str | None = None
     table_id: str | None = None
     labels: list[str] | None = None
@@ -77,6 +80,11 @@ class ModelEntry:
     def planned(self) -> bool:
         """Its tables are known (it has been loaded once): /plan and the page can answer."""
         return self.solver is not None and self.solver in self.tables
+
+    @property
+    def interim(self) -> bool:
+        """It serves an interim table (``planner.interim``) until its planned one is swapped in."""
+        return self.solver == INTERIM
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -145,10 +153,13 @@ class ModelEntry:
                           "solver": table.solver, "objective": table.objective,
                           "slot_bytes": table.slot_bytes, "top_bytes": table.top_bytes,
                           "min_bytes": int(table.min_peaks[0]), "plans": len(table.plans),
-                          "compared": sorted(s for s in self.tables if s != table.solver)},
+                          "compared": sorted(s for s in self.tables if s != table.solver),
+                          "kind": INTERIM if self.interim else "planned"},
                 "queue": self.batcher.waiting if self.batcher else 0,
                 "load_s": self.load_s,
             })
+        if self.planning is not None:
+            out["planning"] = self.planning.describe()
         if self.worker is not None:
             out["memory_limit_bytes"] = self.worker.probe.limit
             memory = self.worker.memory

@@ -25,20 +25,22 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from core.errors import StoreError, TableFormatError, VbsError
-from core.table import PlanTable
+from core.table import INTERIM, PlanTable
 from planner.families import build_preprocess, labels_for
 from planner.store import Backoff, PlanStore, open_store, printable_location
 from service.batcher import Batcher
 from service.entry import FAILED, READY, ModelEntry
+from service.first_start import BackgroundPlans, interim_prepared
 from service.metrics import Metrics
 from service.settings import Settings
 from workers.device_memory import DeviceMemory
-from workers.memory import release_cached
+from workers.memory import cpu_free, release_cached
 
 log = logging.getLogger("vbs.service")
 HEARTBEAT_S = 15.0
@@ -55,6 +57,8 @@ class ModelLoader:
         self._executors: dict[str, ThreadPoolExecutor] = {}  # model -> its torch thread
         self._store: PlanStore | None = None
         self._store_lock = threading.Lock()
+        # `vbs plan` beside the models served from interim tables (``service.first_start``)
+        self.plans = BackgroundPlans(settings, lambda tid: self._sync_store().table_version(tid))
         # ONNX Runtime's arena kept, or what a call allocates leaving the working set with it
         # (the device's memory owner says which: auto gives it back under a cgroup limit)
         self.arena = memory.arena
@@ -117,6 +121,8 @@ class ModelLoader:
                 await entry.batcher.close(self.settings.request_timeout_s)
             self._failed(entry, f"{type(exc).__name__}: {exc}")
             return False
+        if entry.interim:  # served now; its tables are planned beside it
+            self.plans.start(entry)
         return True
 
     async def _serve(self, entry: ModelEntry, executor: ThreadPoolExecutor, started: float,
@@ -164,10 +170,13 @@ class ModelLoader:
                  entry.fingerprint, kept)
 
     async def _heartbeat(self, entry: ModelEntry, started: float) -> None:
+        doing = ("capturing it and measuring the whole model in ONNX Runtime (its interim table) "
+                 "where its store has no table" if self.settings.first_start == "interim" else
+                 "profiling every layer at every batch size happens once per model and device")
         while True:
             await asyncio.sleep(HEARTBEAT_S)
-            log.info("%s: still preparing (%.0f s): profiling every layer at every batch size "
-                     "happens once per model and device", entry.name, time.monotonic() - started)
+            log.info("%s: still preparing (%.0f s): %s", entry.name, time.monotonic() - started,
+                     doing)
 
     def _failed(self, entry: ModelEntry, message: str) -> None:
         entry.state, entry.error = FAILED, " ".join(message.split())
@@ -181,8 +190,9 @@ class ModelLoader:
             return self._store
 
     def _prepare(self, entry: ModelEntry) -> None:
-        """Capture, table (from the store or solved), worker, labels, preprocessing (a thread);
-        or, served without torch (``Settings.lean_for``), the compiled model from the store."""
+        """Capture, table (from the store, solved, or interim: ``service.first_start``),
+        worker, labels, preprocessing (a thread); or, served without torch
+        (``Settings.lean_for``), the compiled model from the store."""
         from core.runtimes.base import RuntimeOptions
         from planner.store.keys import table_id
         from workers.worker import Worker
@@ -190,6 +200,8 @@ class ModelLoader:
         store = self._sync_store()
         s = self.settings
         lean = s.lean_for(entry.spec.device)
+        options = RuntimeOptions(spin=s.ort_spin, max_sessions=s.ort_sessions, arena=self.arena)
+        runtimes: dict[str, Any] = {}  # made already (the interim table's): the worker's
         if lean:
             from planner.stored import read_compiled
             from workers.array_backend import ArrayModel
@@ -200,20 +212,17 @@ class ModelLoader:
             log.info("%s: served without torch from compiled model %s", entry.name,
                      prepared.compiled_id)
         else:
-            from planner.pipeline import prepare
-
-            prepared = prepare(entry.spec, s, store, batch_max=s.batch_max, solver=s.solver,
-                               objective=s.objective, repair=False, progress=False)
+            prepared, runtimes = self._torch_model(entry, store, options)
             model = prepared.capture
-        table = prepared.tables[s.solver]
-        tid = table_id(prepared.fingerprint, s.solver, table.objective)
-        version = store.table_version(tid)
+        interim = not lean and prepared.solver == INTERIM
+        table = prepared.tables[INTERIM if interim else s.solver]
+        # the id of the table it serves, or will once planned (the watch swaps that one in)
+        tid = table_id(prepared.fingerprint, s.solver, s.objective if interim else table.objective)
+        version = 0 if interim else store.table_version(tid)  # 0: interim, never stored
         # the device's one reading of its free memory, shared by every model on it
         worker = Worker(model, table, self.memory.probe, name=entry.name,
                         memory=self.memory, lease_timeout_s=s.request_timeout_s,
-                        runtime_options=RuntimeOptions(spin=s.ort_spin,
-                                                       max_sessions=s.ort_sessions,
-                                                       arena=self.arena))
+                        runtimes=runtimes, runtime_options=options)
         self.memory.budget()  # read here, on the torch thread: known from the start
         in_shape, out_shape = tuple(worker.model.input_shape), tuple(worker.model.output_shape)
         if lean:  # what `vbs plan` read of the model's family, stored with it
@@ -231,6 +240,27 @@ class ModelLoader:
         entry.labels = labels
         if pre is not None:
             entry.preprocess, entry.image_mode = pre
+
+    def _torch_model(self, entry: ModelEntry, store: PlanStore, options: Any
+                     ) -> tuple[Any, dict[str, Any]]:
+        """The captured model with its tables from the store; without them, with an interim
+        table and the runtimes it was measured on (``first_start="interim"``, where ONNX
+        Runtime runs the whole model), else profiled, solved and published here first."""
+        from planner.pipeline import capture_model, prepare, read_prepared
+
+        s = self.settings
+        model = capture_model(entry.spec, s, batch_max=s.batch_max)
+        prepared = read_prepared(model, store, solver=s.solver, objective=s.objective,
+                                 repair=False)
+        if prepared is not None:
+            return prepared, {}
+        if s.first_start == "interim" and entry.spec.device == "cpu":
+            # its runtime's sessions made as the worker's are: within the memory free now
+            interim = interim_prepared(entry.name, model, s, replace(options, room=cpu_free))
+            if interim is not None:
+                return interim
+        return prepare(entry.spec, s, store, batch_max=s.batch_max, solver=s.solver,
+                       objective=s.objective, repair=False, progress=False, model=model), {}
 
     async def unload(self, entry: ModelEntry) -> None:
         """Give back what ``entry`` keeps loaded (its batcher closed and drained first): its
@@ -305,7 +335,9 @@ class ModelLoader:
         return sketch.weights_bytes, sketch.input_shape, sketch.output_shape, None
 
     async def close(self) -> None:
-        """Give back the torch threads (their batchers drained first) and the store."""
+        """Stop the planners beside serving; give back the torch threads (their batchers
+        drained first) and the store."""
+        await self.plans.close()
         for executor in {self._cpu_thread, *self._executors.values()}:
             executor.shutdown(wait=False)  # drained; a batch stuck past it is left to end
         if self._store is not None:

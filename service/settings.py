@@ -153,6 +153,13 @@ class Settings(PlannerSettings):
                     "torch nor the weights file is read (`vbs plan` compiles it; a plan with "
                     "a torch step is refused); off: capture the torch model as always; auto: "
                     "on where torch cannot be imported (the lean worker image)")
+    first_start: Literal["interim", "wait"] = Field(
+        default="wait",
+        description="a model the store has no table for: served at once from an interim table "
+                    "(interim: the whole model in ONNX Runtime at uniform batch sizes, each "
+                    "one's memory and time measured) while `vbs plan` profiles and solves it in "
+                    "a child process, the planned table swapped in when it is published; or "
+                    "profiled and planned before it serves (wait). `make run` serves interim")
     store_retry_base_s: float = Field(default=0.2, gt=0, le=60,
                                       description="first delay before reconnecting to a store that is down")
     store_retry_cap_s: float = Field(default=30.0, gt=0, le=3600,

@@ -1,7 +1,9 @@
 """Keeping the served tables current: the plan store watched, new versions swapped in.
 
 When the planner announces a new version of a served table, it and the tables compared with
-it are read and swapped in between batches (a batch keeps the table it started with). When
+it are read and swapped in between batches (a batch keeps the table it started with). A model
+served from an interim table (``service.first_start``) waits for the first version of its
+table the same way; with it come every strategy's table and the profile. When
 the store goes away, serving goes on from the tables in memory while the watch reconnects
 with backoff; a new version that cannot be used is logged, counted and not read again, and
 the model keeps its table.
@@ -10,20 +12,37 @@ the model keeps its table.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
+from dataclasses import replace
 
-from core.errors import StoreError, TableFormatError, UsageError, VbsError
+from core.errors import ProfileError, StoreError, TableFormatError, UsageError, VbsError
 from core.table import PlanTable
+from core.tree import Profile, profile_from_json
 from planner.store import Backoff, open_async_store
 from planner.store.base import AsyncPlanStore
 from planner.store.keys import table_id
+from planner.stored import strategies
 from service.entry import ModelEntry
 from service.errors import UnavailableError
 from service.metrics import Metrics
 from service.settings import Settings
 
 log = logging.getLogger("vbs.service")
+
+
+async def _profile(store: AsyncPlanStore, fingerprint: str | None) -> Profile:
+    """The profile published under ``fingerprint`` (its tree and measurements, for the page)."""
+    raw = await store.get_profile(fingerprint or "")
+    where = f"profile {fingerprint} in store {store.location}"
+    if raw is None:
+        raise TableFormatError(f"{where} is missing: run `vbs plan --replan`")
+    try:
+        return await asyncio.to_thread(lambda: profile_from_json(json.loads(raw)))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ProfileError) as exc:
+        raise TableFormatError(f"{where} cannot be read ({exc}): run `vbs plan --replan`") \
+            from exc
 
 
 class TableWatcher:
@@ -132,18 +151,8 @@ class TableWatcher:
             why = entry.worker.unusable(table) if entry.worker is not None else ""
             if why:
                 raise UsageError(why)
-            tables = {table.solver: table}
-            for solver in entry.tables:  # the strategies /plan compares it with, if readable
-                if solver == table.solver:
-                    continue
-                try:
-                    tid = table_id(entry.fingerprint, solver, table.objective)
-                    other = await store.get_table(tid)
-                    tables[solver] = await asyncio.to_thread(
-                        PlanTable.from_bytes, other.blob, f"table {tid} in store {store.location}")
-                except StoreError as exc:
-                    log.warning("%s: keeping the %s table in memory: %s", entry.name, solver, exc)
-                    tables[solver] = entry.tables[solver]
+            tables = await self._compared(store, entry, table)
+            profile = await _profile(store, entry.fingerprint) if entry.interim else None
         except Exception as exc:  # noqa: BLE001 - malformed or mismatched: keep serving the old
             self.metrics.store_errors.inc()
             log.error("%s: table v%d cannot be used, keeping v%s: %s", entry.name, stored.version,
@@ -158,6 +167,10 @@ class TableWatcher:
             return
         worker.table = table
         entry.tables = tables
+        if entry.interim:  # planned beside serving: its planned tables replace the interim one
+            entry.solver, entry.profile = table.solver, profile
+            entry.prepared = replace(entry.prepared, profile=profile, tables=tables,
+                                     solver=table.solver)
         old = entry.table_version
         entry.table_version = stored.version
         entry.table_meta = dict(stored.meta)
@@ -168,6 +181,30 @@ class TableWatcher:
                  stored.version, table.solver, len(table.plans))
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
+
+    async def _compared(self, store: AsyncPlanStore, entry: ModelEntry, table: PlanTable
+                        ) -> dict[str, PlanTable]:
+        """``table`` and the tables /plan compares it with, read from the store where they can
+        be (else the ones in memory); a model leaving its interim table reads every strategy
+        `vbs plan` stores."""
+        tables = {table.solver: table}
+        solvers = strategies(table.solver) if entry.interim else tuple(entry.tables)
+        for solver in solvers:
+            if solver == table.solver:
+                continue
+            try:
+                tid = table_id(entry.fingerprint, solver, table.objective)
+                other = await store.get_table(tid)
+                tables[solver] = await asyncio.to_thread(
+                    PlanTable.from_bytes, other.blob, f"table {tid} in store {store.location}")
+            except StoreError as exc:
+                if solver in entry.tables:
+                    log.warning("%s: keeping the %s table in memory: %s", entry.name, solver,
+                                exc)
+                    tables[solver] = entry.tables[solver]
+                else:
+                    log.warning("%s: no %s table to compare with: %s", entry.name, solver, exc)
+        return tables
 
     async def close(self) -> None:
         if self._astore is not None:

@@ -197,6 +197,10 @@ class AsyncPlanStore(abc.ABC):
         """Return the fingerprint ``model_key`` points at, or None."""
 
     @abc.abstractmethod
+    async def get_profile(self, fingerprint: str) -> bytes | None:
+        """Return the profile stored under ``fingerprint`` (JSON), or None."""
+
+    @abc.abstractmethod
     def watch(self) -> TableWatch:
         """Return a new watch of table announcements (see TableWatch)."""
 

@@ -335,6 +335,9 @@ class AsyncLocalStore(AsyncPlanStore):
     async def get_model(self, model_key: str) -> str | None:
         return await asyncio.to_thread(self._store.get_model, model_key)
 
+    async def get_profile(self, fingerprint: str) -> bytes | None:
+        return await asyncio.to_thread(self._store.get_profile, fingerprint)
+
     def watch(self) -> TableWatch:
         watch = LocalTableWatch(self._store.directory / "tables", self.poll_interval)
         self._watches.add(watch)

@@ -302,6 +302,11 @@ class AsyncRedisStore(AsyncPlanStore):
             data = await self._client.get(key)
         return _fingerprint_from(data, key, self.location)
 
+    async def get_profile(self, fingerprint: str) -> bytes | None:
+        key = keys.profile_key(fingerprint)
+        with self._errors():
+            return await self._client.get(key)  # type: ignore[no-any-return]
+
     def watch(self) -> TableWatch:
         watch = RedisTableWatch(self._client, self.location, self._timeout)
         self._watches.add(watch)

@@ -67,6 +67,7 @@ async def get_stats(name: str, request: Request, registry: RegistryDep,
         "batch_splits_total": int(metrics.total(metrics.splits, entry.name)),
         "last_batch": asdict(figures.last) if figures.last is not None else None,
         "table": {"id": entry.table_id, "version": entry.table_version, "solver": table.solver,
+                  "kind": "interim" if entry.interim else "planned",
                   "plans": len(table.plans), "loaded_at": stamp.loaded_at,
                   "stored_at": entry.table_meta.get("stored_at")},
     }

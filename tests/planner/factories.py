@@ -173,3 +173,37 @@ class GatedTwoLayer(TwoLayer):
 
 def gated_two_layer() -> nn.Module:
     return GatedTwoLayer()
+
+
+# A file that, while it exists, holds ``planner_gated_two_layer`` in a `vbs plan` run as
+# ``python -m service.commands`` (the planner a service starts beside serving an interim
+# table, ``service.first_start``) the first time the model runs there: a test lets the planner
+# publish only once it has seen the interim table serve. The process that serves never waits.
+# ``<file>.held`` appears once the planner is held. Named by the environment variable below.
+PLANNER_GATE_ENV = "VBS_TEST_PLANNER_GATE"
+
+
+@torch.fx.wrap
+def planner_gate(x: torch.Tensor) -> torch.Tensor:
+    import os
+    import sys
+    import time
+
+    path = os.environ.get(PLANNER_GATE_ENV)
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if path and main is not None and main.name == "service.commands" and os.path.exists(path):
+        open(path + ".held", "w").close()  # tells the test the planner is held here
+        while os.path.exists(path):
+            time.sleep(0.005)  # a condition across processes: the file's existence
+    return x
+
+
+class PlannerGatedTwoLayer(TwoLayer):
+    """``TwoLayer`` whose output waits in the planner while the planner's gate file exists."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return planner_gate(super().forward(x))
+
+
+def planner_gated_two_layer() -> nn.Module:
+    return PlannerGatedTwoLayer()

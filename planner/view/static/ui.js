@@ -366,14 +366,17 @@
       const parts = [info.model !== info.name ? info.model : null,
                      info.input_shape ? `input ${info.input_shape.join('×')}` : null,
                      [info.device, info.dtype].filter(Boolean).join(' ') || null,
-                     info.table ? `table ${info.table.solver}` +
-                       (info.table.version ? ` v${info.table.version}` : '') : null,
+                     info.table ? (info.table.kind === 'interim'
+                       ? `interim table (the whole model in ONNX Runtime): ${planningText(info.planning)}`
+                       : `table ${info.table.solver}` +
+                         (info.table.version ? ` v${info.table.version}` : '')) : null,
                      typeof info.memory_share_bytes === 'number'
                        ? `memory share ${fmtBytes(info.memory_share_bytes)}` : null,
                      info.state && info.state !== 'ready' ? info.state : null,
                      typeof info.kept_bytes === 'number' && info.state === 'ready'
                        ? `keeps ${fmtBytes(info.kept_bytes)}` : null];
       this.facts.textContent = parts.filter(Boolean).join(' · ');
+      this.root.dataset.tableKind = info.table ? info.table.kind || 'planned' : '';
       if (this.started) return;
       // a model unloaded (loaded on demand) still has its tables: its plans are drawn
       if (info.state === 'ready' || (info.table && info.state !== 'failed')) {
@@ -727,7 +730,10 @@
       set('latency', `${fmtSeconds(s.latency_p50_s)} / ${fmtSeconds(s.latency_p99_s)}`);
       set('oom', `${s.oom_retries_total} (batches split for memory: ${s.batch_splits_total})`);
       const t = s.table;
-      set('table', `v${t.version} (${t.solver}, ${t.plans} plans, ${t.id})`);
+      set('table', t.kind === 'interim'
+        ? `interim (${t.plans} plans: the whole model in ONNX Runtime, until ${t.id} is planned ` +
+          'and swapped in)'
+        : `v${t.version} (${t.solver}, ${t.plans} plans, ${t.id})`);
       set('loaded', fmtClock(t.loaded_at) + (t.stored_at ? `; planned ${t.stored_at}` : ''));
       set('served', String(s.samples_total));
       this.root.dataset.liveSamples = String(s.samples_total);
@@ -742,6 +748,15 @@
       this.toFree.disabled = false;
       if (moved) this.drawCurves();
     }
+  }
+
+  /* What a model's planning beside serving is doing (GET /models: `planning`), in words. */
+  function planningText(p) {
+    if (!p) return 'not being planned';
+    if (p.state === 'planning') return `vbs plan profiling and planning it (${Math.round(p.elapsed_s)} s)`;
+    if (p.state === 'published') return 'planned, its table being swapped in';
+    if (p.state === 'failed') return `planning failed: ${p.error || 'see the service log'}`;
+    return `planning ${p.state}`;
   }
 
   // ------------------------------------------------------------------ memory shares
