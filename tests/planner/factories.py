@@ -154,14 +154,21 @@ GATE_FILE_ENV = "VBS_TEST_GATE_FILE"
 @torch.fx.wrap
 def gate(x: torch.Tensor) -> torch.Tensor:
     import os
-    import time
 
     path = os.environ.get(GATE_FILE_ENV)
     if path and os.path.exists(path):
-        open(path + ".held", "w").close()  # tells the test a batch is held here
-        while os.path.exists(path):
-            time.sleep(0.005)  # a condition across processes: the file's existence
+        _held_at(path)  # a batch
     return x
+
+
+def _held_at(path: str) -> None:
+    """Say so (``<path>.held``) and wait while ``path`` exists: a condition across processes."""
+    import os
+    import time
+
+    open(path + ".held", "w").close()
+    while os.path.exists(path):
+        time.sleep(0.005)
 
 
 class GatedTwoLayer(TwoLayer):
@@ -187,14 +194,11 @@ PLANNER_GATE_ENV = "VBS_TEST_PLANNER_GATE"
 def planner_gate(x: torch.Tensor) -> torch.Tensor:
     import os
     import sys
-    import time
 
     path = os.environ.get(PLANNER_GATE_ENV)
     main = getattr(sys.modules.get("__main__"), "__spec__", None)
     if path and main is not None and main.name == "service.commands" and os.path.exists(path):
-        open(path + ".held", "w").close()  # tells the test the planner is held here
-        while os.path.exists(path):
-            time.sleep(0.005)  # a condition across processes: the file's existence
+        _held_at(path)  # the planner
     return x
 
 
