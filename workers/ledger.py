@@ -159,8 +159,12 @@ class RequestLedger:
             self._idle, self._rebased = reading.working_set, now
 
     def _capacity(self, reading: CgroupMemory) -> int:
-        """Bytes under the limit for requests and plans together (idle use and margin out)."""
-        if self._idle is None:
+        """Bytes under the limit for requests and plans together (idle use and margin out).
+        With nothing held or leased, a reading below the idle working set read before is what
+        stays now (what was freed since, the reading after a release having been skipped as
+        too soon after the last): the lower is taken (caller holds the lock)."""
+        if self._idle is None or (reading.working_set < self._idle and not self._held_total
+                                  and not self._leased()):
             self._idle = reading.working_set  # the first reading: at start, nothing held yet
         assert reading.limit is not None
         return reading.limit - self._idle - self.margin(reading.limit)

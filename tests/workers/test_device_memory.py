@@ -162,3 +162,23 @@ def test_the_arena_given_back_under_a_limit_and_plans_counted_by_their_own_bytes
     unlimited = DeviceMemory("cpu", margin=MARGIN, read=recorded.read, trim=lambda: None,
                              ort_arena="auto")
     assert unlimited.arena and unlimited.growth == 1.0
+
+
+def test_an_idle_reading_too_high_comes_down_when_the_group_does(recorded: Recorded) -> None:
+    """The idle working set read while more was resident (what was freed later, the reading at
+    the next release skipped as too soon) does not shrink the plans for good: with nothing
+    held or leased, a lower reading is what stays; with a request held, it is not taken."""
+    recorded.use(IDLE + 64 * MiB)
+    memory = _memory(recorded)  # its first reading: 64 MiB more than stays
+    assert memory.report().idle_working_set_bytes == IDLE + 64 * MiB
+    ticket = memory.admit("m", MiB)
+    assert ticket is not None
+    recorded.use(IDLE)
+    memory.plan_free()  # a request held: the group's reading is not the idle working set
+    assert memory.report().idle_working_set_bytes == IDLE + 64 * MiB
+    memory.done(ticket)
+    memory.plan_free()
+    assert memory.report().idle_working_set_bytes == IDLE
+    recorded.use(IDLE + 32 * MiB)  # more resident again: taken when it is read at idle, not here
+    memory.plan_free()
+    assert memory.report().idle_working_set_bytes == IDLE
