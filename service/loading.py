@@ -259,8 +259,10 @@ class ModelLoader:
             interim = interim_prepared(entry.name, model, s, replace(options, room=cpu_free))
             if interim is not None:
                 return interim
+        # read just now and missing: profiled, solved and published without reading again
         return prepare(entry.spec, s, store, batch_max=s.batch_max, solver=s.solver,
-                       objective=s.objective, repair=False, progress=False, model=model), {}
+                       objective=s.objective, repair=False, progress=False, model=model,
+                       replan=True), {}
 
     async def unload(self, entry: ModelEntry) -> None:
         """Give back what ``entry`` keeps loaded (its batcher closed and drained first): its

@@ -176,8 +176,10 @@ class Residency:
             raise UnavailableError(f"model {entry.name} failed to load: {entry.error}",
                                    retry_after=60)
         if entry.starting:
-            raise UnavailableError(f"model {entry.name} is still loading (profiling and planning "
-                                   "take a while once); retry shortly", retry_after=5)
+            why = ("a first load measures its interim table" if self.settings.first_start ==
+                   "interim" else "profiling and planning take a while once")
+            raise UnavailableError(f"model {entry.name} is still loading ({why}); retry shortly",
+                                   retry_after=5)
         if entry.explicit and entry.state in (UNLOADED, UNLOADING):
             raise UnavailableError(
                 f"model {entry.name} is unloaded (through the repository API): load it with "
