@@ -3,6 +3,7 @@
     python bench/kernels.py [--model mobilenet_v2,resnet50,mnasnet0_5,mobilenet_v3_large]
                             [--samples 1,8] [--requests 20] [--rounds 3] [--runtime auto]
                             [--batch-max 8] [--threads 2] [--ort-sleep]
+                            [--lean [--store STORE]]
 
 For each model, `vbs serve` (its own process, ``--runtime``, ample memory, the tables of
 ``vbs plan``) gets requests of n samples one after another from one client; each answer's
@@ -16,7 +17,10 @@ sleep between operators (what ``--ort-sleep``, i.e. `VBS_ORT_SPIN=0`, serves wit
 eager ``model(x)`` in torch for reference. Blocks of ``--requests`` calls alternate, round
 after round, so drift hits all alike. Prints per model and n: milliseconds per sample (median
 of each round's median, and the spread over rounds) and vbs-serve's ratio to ONNX Runtime's
-defaults, back to back and paced.
+defaults, back to back and paced. ``--lean`` serves the worker without torch (`VBS_LEAN=on`,
+runtime onnxruntime) from ``--store``, where `vbs plan --runtime onnxruntime` put the tables
+and the compiled model (without ``--store``, this bench runs that `vbs plan` first, into a
+store of its own).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import argparse
 import io
 import os
 import statistics
+import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -32,7 +38,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from served import vbs_serve
+from served import ROOT, vbs_serve
 
 MODELS = "mobilenet_v2,resnet50,mnasnet0_5,mobilenet_v3_large"
 COLUMNS = ("vbs-serve infer_s", "onnxruntime", "onnxruntime, calls paced as served",
@@ -92,11 +98,23 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[tuple[str, int], li
     shape = tuple(load_model(ModelSpec(name)).input_shape)
     spinning, sleeping = _onnx_sessions(model, shape, args.threads)
     sizes = [int(n) for n in args.samples.split(",")]
-    store = Path(args.cache_dir) / f"kernels-store-{args.runtime}"
-    serve_args = ["--model", name, "--store", str(store), "--batch-max", str(args.batch_max),
-                  "--runtime", args.runtime, "--log-level", "warning"]
+    runtime = "onnxruntime" if args.lean else args.runtime
+    store = Path(args.store or Path(args.cache_dir) / f"kernels-store-{runtime}"
+                 + ("-lean" if args.lean else ""))
+    serve_args = ["--model", name, "--input-shape", ",".join(map(str, shape)), "--store",
+                  str(store), "--batch-max", str(args.batch_max), "--runtime", runtime,
+                  "--log-level", "warning"]
     env = {"VBS_CACHE_DIR": args.cache_dir, "VBS_THREADS": str(args.threads),
            "VBS_ORT_SPIN": "0" if args.ort_sleep else "1"}
+    if args.lean:
+        env["VBS_LEAN"] = "on"
+        if not args.store:  # the planner compiles (with torch), the worker only runs
+            subprocess.run([sys.executable, "-m", "service.commands", "plan", "--model",
+                            f"{name}@{','.join(map(str, shape))}",
+                            "--batch-max", str(args.batch_max), "--runtime", runtime,
+                            "--store", str(store)], check=True, cwd=ROOT,
+                           env={**os.environ, **env, "VBS_LEAN": "off",
+                                "PYTHONPATH": str(ROOT)})
     results: dict[tuple[str, int], list[float]] = {}
     with vbs_serve(serve_args, env={**os.environ, **env}) as (_server, url), \
             httpx.Client(base_url=url, timeout=300) as client, torch.inference_mode():
@@ -157,6 +175,10 @@ def main() -> None:
                     help="vbs serve with VBS_ORT_SPIN=0 (ONNX Runtime's threads sleep between "
                          "operators)")
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "vbs-serve"))
+    ap.add_argument("--lean", action="store_true",
+                    help="serve the worker without torch (VBS_LEAN=on, runtime onnxruntime)")
+    ap.add_argument("--store", help="with --lean: a store `vbs plan --runtime onnxruntime` "
+                                    "filled (default: plan into one of this bench's own)")
     args = ap.parse_args()
 
     import torch
@@ -178,7 +200,9 @@ def main() -> None:
             rows.append(f"| {name} | {n} | " + " | ".join(cells) + " | "
                         + " | ".join(f"{r:.2f}" for r in ratios) + " |")
     print()
-    print(f"vbs serve --runtime {args.runtime}, VBS_ORT_SPIN={0 if args.ort_sleep else 1}, "
+    print(f"vbs serve --runtime {'onnxruntime' if args.lean else args.runtime}"
+          f"{', without torch (VBS_LEAN=on)' if args.lean else ''}, "
+          f"VBS_ORT_SPIN={0 if args.ort_sleep else 1}, "
           f"{args.threads} threads, {args.rounds} rounds of {args.requests} calls; ms/sample, "
           "median of the rounds' medians (range)")
     print("| model | samples per request | vbs-serve infer_s | ONNX Runtime, whole model, "

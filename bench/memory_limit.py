@@ -2,7 +2,7 @@
 
     .venv-peers/bin/python bench/memory_limit.py --model resnet18 --shape 3,448,448 \\
         --limits 1300MB,1700MB,2500MB [--servers vbs,triton-ort-1,...,triton-ort-16] \\
-        [--clients 1,8,32] [--requests 3] [--batch-max 16] [--json OUT]
+        [--clients 1,8,32] [--requests 3] [--batch-max 16] [--rounds 1] [--json OUT]
 
 Every server runs in a memory cgroup of its own that this bench creates (v1 or v2, whichever
 the machine has; root needed), its limit set before it starts, as a pod's is: the server and
@@ -17,7 +17,9 @@ same weights exported once; ``lit-ort-B`` is LitServe (``bench/peers.py serve-li
 each request a multipart .npy, whole (its batch gathers whole requests). vbs-serve's own
 request timeout is the clients' (``--timeout``):
 Triton has none, and a 504 after vbs-serve's default 30 s would count as lost while the client
-still waits.
+still waits. A server may carry settings of its own after a colon, ``vbs-lean:VBS_ORT_ARENA=shared``
+(the environment it starts with), so that two settings of one server take turns in one run;
+``--rounds`` runs every server that many times at each limit, in turn, for the spread.
 
 The load, the same for every server: bursts of C concurrent clients (``--clients``), each
 sending ``--requests`` requests one after the other, each of 1 to 16 samples (drawn with a fixed
@@ -77,6 +79,8 @@ def start(config: str, args: argparse.Namespace, group: MemoryGroup, port: int,
     join = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group.path)]
     env = {**os.environ, "VBS_CACHE_DIR": args.cache_dir, "PYTHONPATH": str(ROOT),
            "VBS_REQUEST_TIMEOUT_S": str(args.timeout)}  # as long as its clients wait
+    config, _, own = config.partition(":")
+    env.update(setting.split("=", 1) for setting in own.split(":") if setting)
     shape = ",".join(map(str, args.shape))
     if config in ("vbs", "vbs-lean"):
         # vbs-lean: the worker without torch (VBS_LEAN=on), serving the compiled model of the
@@ -192,12 +196,13 @@ async def burst(url: str, fmt: str, most: int, sizes: list[list[int]], shape: tu
 def run_config(config: str, limit: int, args: argparse.Namespace,
                sizes: list[list[list[int]]]) -> dict[str, Any]:
     try:
-        group = MemoryGroup.create(f"vbs-bench-{config}-{os.getpid()}-{time.monotonic_ns()}")
+        safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in config)
+        group = MemoryGroup.create(f"vbs-bench-{safe}-{os.getpid()}-{time.monotonic_ns()}")
     except NoGroup as exc:
         raise SystemExit(f"this bench needs a memory cgroup (root): {exc}") from exc
     group.set_limit(limit)
     port = _port()
-    log = Path(args.work) / f"{config}-{limit}.log"
+    log = Path(args.work) / f"{group.path.name}.log"
     process, path, fmt, most = start(config, args, group, port, log)
     row: dict[str, Any] = {"server": config, "limit_bytes": limit, "cgroup": group.version}
     try:
@@ -253,6 +258,7 @@ def main() -> None:
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "vbs-serve"))
     ap.add_argument("--store", default=str(Path.home() / ".cache" / "vbs-serve" / "mem-store"),
                     help="where `vbs plan` put the tables (planned beforehand, no limit)")
+    ap.add_argument("--rounds", type=int, default=1, help="every server this often at each limit")
     ap.add_argument("--json", help="write every row here")
     args = ap.parse_args()
     args.shape = tuple(int(d) for d in args.shape.split(","))
@@ -272,10 +278,11 @@ def main() -> None:
               "vbs plan budget p50 (MiB) | vbs predicted ms/sample |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for limit in limits:
-            for config in args.servers.split(","):
-                row = run_config(config, limit, args, sizes)
-                rows.append(row)
-                print(table_row(row), flush=True)
+            for _ in range(args.rounds):
+                for config in args.servers.split(","):
+                    row = run_config(config, limit, args, sizes)
+                    rows.append(row)
+                    print(table_row(row), flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
 

@@ -22,6 +22,14 @@ from pathlib import Path
 from typing import Any
 
 M_MMAP_THRESHOLD = -3  # mallopt's parameter: blocks of at least this many bytes are mapped alone
+# what is mapped alone, where memory is counted: request bodies and samples, ONNX Runtime's
+# arena blocks. By default glibc raises its threshold to the largest block freed (up to 32
+# MiB), so such blocks end up in the heaps of its per-thread arenas, which keep them after
+# they are freed: memory nothing holds, that a limit's ledger sees only as use. Not lower:
+# every block mapped alone is faulted in again each time; at 128 KiB the socket's reads and
+# every chunk of a body were mappings of their own, and under a limit the event loop spent
+# four times the CPU a request spends without one (docs/benchmarks.md, section 11)
+LARGE_BLOCK = 1 << 20
 HUGETLB = "glibc.malloc.hugetlb"
 HUGETLB_SINCE = (2, 35)  # the glibc that reads the tunable
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")

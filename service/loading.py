@@ -59,13 +59,17 @@ class ModelLoader:
         self._store_lock = threading.Lock()
         # `vbs plan` beside the models served from interim tables (``service.first_start``)
         self.plans = BackgroundPlans(settings, lambda tid: self._sync_store().table_version(tid))
-        # ONNX Runtime's arena kept, or what a call allocates leaving the working set with it
-        # (the device's memory owner says which: auto gives it back under a cgroup limit)
+        # ONNX Runtime's arena kept by each call, or what a call allocates leaving the working
+        # set when it returns; where what calls used is given back (after each, or at rest and
+        # when memory is short: the device's memory owner says which), large buffers are
+        # mapped alone, and the arena's give-back is the memory owner's to call
         self.arena = memory.arena
-        if not self.arena:
-            from core.runtimes.ort_sessions import give_back_freed_memory
+        if memory.gives_back:
+            from core.runtimes.ort_sessions import give_back_arena, give_back_freed_memory
 
             give_back_freed_memory()
+            if memory.host_cache is not None:
+                memory.host_cache.register(give_back_arena)
 
     def torch_thread(self, entry: ModelEntry) -> ThreadPoolExecutor:
         """The thread that runs ``entry``'s torch work: the process's one on the CPU, unless

@@ -47,8 +47,10 @@ class Settings(PlannerSettings):
                     "session: kept at its largest after the call (shared: a memory limit's "
                     "reading counts it as used), or its free regions given back to the kernel "
                     "when each call returns (none: far less memory held, each call faulting its "
-                    "activations in again, a little slower); auto: none where a cgroup memory "
-                    "limit applies, shared elsewhere")
+                    "activations in again, a little slower); auto: where a cgroup memory limit "
+                    "applies, kept while plans run and given back when the device has been idle "
+                    "device_cache_idle_s and whenever a request or a plan finds the group short; "
+                    "shared elsewhere")
     hugepages: bool = Field(
         default=True,
         description="`vbs serve` starts itself again with glibc's glibc.malloc.hugetlb=1 tunable "
@@ -120,7 +122,8 @@ class Settings(PlannerSettings):
         default=1.0, ge=0, le=3600,
         description="on CUDA, seconds without a plan running after which the allocator's cache "
                     "is given back to the device, so a neighbour can take it (0: only when a "
-                    "smaller plan runs)")
+                    "smaller plan runs); on a CPU under a memory limit, after which ONNX "
+                    "Runtime's arena is (ort_arena auto; 0: only when memory is short)")
     memory_sharing: Literal["arbiter", "static", "none"] = Field(
         default="arbiter",
         description="how models on one device share its memory: arbiter (leases, shares from "

@@ -7,7 +7,9 @@ allocator's cache), the one margin kept back for all that is not a plan, the req
 and the idle working set under a cgroup limit (``RequestLedger``), the plans' leases
 and shares among the models (``Arbiter``), and on CUDA what the allocator keeps cached after
 plans ran, given back when they no longer need it (``DeviceCache``), so that a neighbour can
-take it and the reading, and with it the plans, step down. It answers two questions:
+take it and the reading, and with it the plans, step down; on a CPU under a limit what ONNX
+Runtime's arena keeps, given back at rest and when memory is short (``HostCache``). It
+answers two questions:
 
 - **may this request in** (``admit``: a ticket, None for "not now", ``RequestTooLargeError``
   for "never"), and what it holds until answered (``resize``, ``keep``, ``done``);
@@ -29,6 +31,7 @@ from core.table import PlanTable
 from workers.arbiter import Arbiter, ArbiterListener, Lease, Sized, Snapshot
 from workers.cgroup import CgroupMemory, read_cgroup
 from workers.device_cache import DeviceCache
+from workers.host_cache import HostCache
 from workers.ledger import RETURNED_GROWTH, LedgerReport, RequestLedger, Ticket
 from workers.memory import MemoryProbe
 from workers.shares import working_bytes
@@ -46,13 +49,17 @@ class DeviceMemory:
     is kept back from plans (0 under a cgroup limit: ``MIN_MARGIN`` or 1/``MARGIN_SHARE`` of
     the limit, whichever is more); ``sharing``, ``serial`` and ``listener`` are the arbiter's
     (``workers.arbiter``); ``read`` and ``trim`` the ledger's reading of the cgroup and its
-    allocator trim (tests give recorded ones); ``cache_idle_s``: on CUDA, how long the device
-    stays idle before the allocator's cache is given back (0: only when a smaller plan runs);
+    allocator trim (tests give recorded ones); ``cache_idle_s``: how long the device stays
+    idle before the allocator's cache (CUDA) or ONNX Runtime's arena (a CPU under a limit,
+    ``ort_arena`` auto) is given back (0: only when a smaller plan runs, or memory is short);
     ``total`` the most the loaded models may keep and their plans use, all together (0: no
     such cap; ``models_capacity``). ``ort_arena``: whether ONNX Runtime's arena keeps what a
-    call used (shared), gives it back when the call returns (none), or gives it back where a
-    cgroup limit applies (auto); ``arena`` says which it is, for the runtimes this device's
-    models load.
+    call used (shared), gives it back when the call returns (none), or, where a cgroup limit
+    applies, keeps it while plans run and gives it back at rest (after ``cache_idle_s``) and
+    when memory is short (auto: ``host_cache``, whose hooks the runtimes register). ``arena``
+    says whether a call keeps what it used, ``gives_back`` whether what calls used leaves the
+    process (then the allocator maps large blocks alone, and a plan counts
+    ``RETURNED_GROWTH`` times its bytes), for the runtimes this device's models load.
     """
 
     def __init__(self, device: str, *, limit: int = 0, margin: int = 0,
@@ -66,15 +73,20 @@ class DeviceMemory:
         self._margin = margin
         self.total = total  # the most loaded models keep and their plans use together (0: none)
         self._kept: dict[str, int] = {}  # what each loaded model keeps (``model_loaded``)
+        self.host_cache: HostCache | None = None
         self._ledger = RequestLedger(self._leased, self.one_sample_bytes, self.working_bytes,
-                                     self.margin, read=read, trim=trim)
+                                     self.margin, read=read, trim=trim,
+                                     give_back=self._give_back)
         # requests are counted only on a CPU under a cgroup memory limit, where the kernel
         # kills the process; elsewhere the ledger only reports the group
         self.ledger = self._ledger if device == "cpu" and self._ledger.active else None
-        # where what a call used is given back when it returns, a plan grows the group by
-        # its own bytes, not by what the arena kept of the plans before it
-        self.arena = ort_arena == "shared" or (ort_arena == "auto" and self.ledger is None)
-        if not self.arena:
+        if ort_arena == "auto" and self.ledger is not None:
+            self.host_cache = HostCache(cache_idle_s, rested=self._ledger.rebase)
+        self.arena = ort_arena != "none"
+        # where what a call used leaves the process (when it returns, or when it is short), a
+        # plan grows the group by its own bytes, not by what the arena kept of plans before it
+        self.gives_back = ort_arena == "none" or self.host_cache is not None
+        if self.gives_back:
             self._ledger.growth = RETURNED_GROWTH
         self.arbiter = Arbiter(device, self.plan_free, mode=sharing, serial=serial,
                                ceiling=self.ceiling if self.ledger is not None else None,
@@ -83,6 +95,9 @@ class DeviceMemory:
 
     def _leased(self) -> int:
         return self.arbiter.leased
+
+    def _give_back(self) -> bool:
+        return self.host_cache.give_back() if self.host_cache is not None else False
 
     # ------------------------------------------------------------------ the one margin
 
@@ -149,8 +164,9 @@ class DeviceMemory:
     def acquire(self, model: str, pick: Callable[[int], P | None], *, need: int,
                 timeout_s: float) -> Lease[P]:
         """A lease for ``model``'s next piece (``workers.arbiter.Arbiter.acquire``)."""
-        if self.cache is not None:
-            self.cache.busy()
+        for cache in (self.cache, self.host_cache):
+            if cache is not None:
+                cache.busy()
         return self.arbiter.acquire(model, pick, need=need, timeout_s=timeout_s)
 
     def release(self, lease: Lease[Any]) -> None:
@@ -162,11 +178,16 @@ class DeviceMemory:
             self.cache.done(live + lease.bytes)
             if not live:
                 self.cache.idle()
+        if self.host_cache is not None:
+            self.host_cache.used()
+            if not self.arbiter.leased:
+                self.host_cache.idle()
 
     def close(self) -> None:
-        """Stop the cache's idle thread (the service is stopping)."""
-        if self.cache is not None:
-            self.cache.close()
+        """Stop the caches' idle threads (the service is stopping)."""
+        for cache in (self.cache, self.host_cache):
+            if cache is not None:
+                cache.close()
 
     def shares(self) -> dict[str, int]:
         """Every model's share of the last budget read."""

@@ -19,8 +19,11 @@ headroom read now: a request decoded early gains nothing, while the batch it sta
 sample at a time. One that would not fit even in an idle server is refused at once
 (``RequestTooLargeError``). Plans may use what the ledger leaves, less a reserve for requests
 arriving meanwhile (never below their working bytes), and never more than the group's
-headroom read now (``plan_free``). The ledger is a part of the device's memory owner
-(``workers.device_memory``), which gives it the live leases, the plans' sizes and the margin.
+headroom read now (``plan_free``). Where the group is short while the ledger is not, what
+the runtimes keep of calls before (ONNX Runtime's arena, ``workers.host_cache``) is given
+back and the group read again, before a request waits or a plan gets less than its working
+bytes. The ledger is a part of the device's memory owner (``workers.device_memory``), which
+gives it the live leases, the plans' sizes, the margin and that give-back.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import RequestTooLargeError
-from core.malloc import map_large_blocks, trimmer
+from core.malloc import LARGE_BLOCK, map_large_blocks, trimmer
 from workers.cgroup import CgroupMemory, read_cgroup
 
 RESERVE_SHARE = 8       # plans leave 1/RESERVE_SHARE of the memory for requests arriving meanwhile
@@ -47,12 +50,6 @@ GROWTH = 2.0
 # while a plan runs stays within its claim: tests/core/test_runtimes.py, ``rss_child``); the
 # rest is for a session's first call and pages rounded up
 RETURNED_GROWTH = 1.25
-
-# request bodies and samples: blocks this large are mapped alone, and unmapped when freed; by
-# default glibc raises the threshold to the largest block freed (up to 32 MiB), so they would end
-# up in the heaps of its per-thread arenas, which keep them after they are freed: memory no
-# request holds, that the limit's ledger sees only as use
-MMAP_THRESHOLD = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -93,7 +90,8 @@ class RequestLedger:
     (None: the largest of the models served); ``want`` the bytes at which its batches run at
     working speed; ``margin`` the margin kept back under a limit of so many bytes. ``growth``
     is how many times its bytes a plan counts (``GROWTH``, or ``RETURNED_GROWTH`` where the
-    runtimes keep nothing of a call: the memory owner sets it).
+    runtimes keep nothing of a call, or give it back when short: the memory owner sets it).
+    ``give_back`` gives back what the runtimes keep of calls before (True: read again).
     """
 
     growth: float = GROWTH
@@ -101,9 +99,11 @@ class RequestLedger:
     def __init__(self, leased: Callable[[], int], need: Callable[[str | None], int],
                  want: Callable[[str | None], int], margin: Callable[[int], int], *,
                  read: Callable[[], CgroupMemory | None] = read_cgroup,
-                 trim: Callable[[], None] | None = None) -> None:
+                 trim: Callable[[], None] | None = None,
+                 give_back: Callable[[], bool] = lambda: False) -> None:
         self._leased, self._need, self._want, self.margin = leased, need, want, margin
         self._read = read
+        self._give_back = give_back
         self._trim = trim if trim is not None else trimmer()
         self._lock = threading.Lock()
         self._held: dict[int, int] = {}     # ticket -> bytes it holds (estimated until decoded)
@@ -118,7 +118,7 @@ class RequestLedger:
         first = read()
         self.active = first is not None and first.limit is not None
         if self.active and trim is None:  # the process's own allocator (tests pass their own)
-            map_large_blocks(MMAP_THRESHOLD)
+            map_large_blocks(LARGE_BLOCK)  # request bodies and samples
         if self.active and first is not None:
             self._idle = first.working_set  # read again once the models are loaded (rebase)
 
@@ -142,7 +142,8 @@ class RequestLedger:
         self.rebase()
 
     def rebase(self, force: bool = True) -> None:
-        """Read the idle working set when nothing is held or leased (caller holds no lock)."""
+        """Read the idle working set when nothing is held or leased (caller holds no lock),
+        what the runtimes keep of calls before given back first: it is not what stays."""
         if not self.active:
             return
         now = time.monotonic()
@@ -151,6 +152,7 @@ class RequestLedger:
         with self._lock:
             if self._held_total or self._leased():
                 return
+        self._give_back()
         self._trim()
         reading = self.reading()
         with self._lock:
@@ -173,19 +175,31 @@ class RequestLedger:
 
     def plan_free(self, reading: CgroupMemory) -> int:
         """What plans may use now: the ledger's room less the reserve for arriving requests,
-        never more than the group's headroom read now (the margin kept out of both)."""
+        never more than the group's headroom read now (the margin kept out of both). Where
+        the headroom alone leaves plans less than their working bytes, what the runtimes keep
+        is given back first and the group read again."""
+        want = max(self._need(None), self._want(None))
+        free, short = self._plan_free(reading, want)
+        if short and self._give_back():
+            again = self.reading()
+            if again is not None:
+                free, _ = self._plan_free(again, want)
+        return free
+
+    def _plan_free(self, reading: CgroupMemory, want: int) -> tuple[int, bool]:
+        """(what plans may use, whether the group's headroom alone keeps it below ``want``)."""
         assert reading.limit is not None and reading.free is not None
         with self._lock:
             capacity = self._capacity(reading)
             room = capacity - self._held_total
             unread = self._unread_total
-        want = max(self._need(None), self._want(None))
         # requests arriving meanwhile get a reserve, but not below the plans' working bytes
         reserve = max(0, min(capacity // RESERVE_SHARE, room - int(self.growth * want)))
         # the group now, less the bodies still coming in and a quarter of the margin for what
         # else is in flight (the ledger keeps all of it); the arbiter adds its live leases
         headroom = reading.free - unread - self.margin(reading.limit) // 4
-        return max(0, int(min(room - reserve, headroom) / self.growth))
+        short = headroom < room - reserve and headroom < int(self.growth * want)
+        return max(0, int(min(room - reserve, headroom) / self.growth)), short
 
     def ceiling(self, reading: CgroupMemory) -> int:
         """The most plans could get with nothing held: a one-sample plan larger than this
@@ -197,7 +211,16 @@ class RequestLedger:
 
     def admit(self, model: str | None, hold: int, what: str) -> Ticket | None:
         """A place now for a request that will hold about ``hold`` bytes, None when there is
-        no room now; RequestTooLargeError when there never is."""
+        no room now; RequestTooLargeError when there never is. Where the ledger has room and
+        only the group is short, what the runtimes keep is given back and the group read
+        again."""
+        ticket = self._admit(model, hold, what)
+        if ticket is False:
+            ticket = self._admit(model, hold, what) if self._give_back() else None
+        return ticket or None
+
+    def _admit(self, model: str | None, hold: int, what: str) -> Ticket | bool | None:
+        """``admit`` on one reading: False where only the group's headroom keeps it out."""
         reading = self.reading()
         if reading is None:
             return Ticket(0, model)  # the limit was lifted meanwhile: nothing to count
@@ -229,7 +252,7 @@ class RequestLedger:
             # and the group as the kernel counts it now: what is not in it yet (bodies not
             # read, plans not allocated, a plan to run them) must fit in its headroom
             if self._unread_total + hold + plans > reading.free - margin:
-                return None
+                return False
             self._next += 1
             self._held[self._next] = hold
             self._unread[self._next] = hold

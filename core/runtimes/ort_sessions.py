@@ -16,7 +16,9 @@ Every session of the process shares one arena that grows by what is asked, no mo
 (``kSameAsRequested``): sessions are many, and an arena each would multiply held memory by
 their number. The arena keeps what calls used, or gives its free regions back when each call
 returns (``arena=False``, ``run_options``): a call's activations are then one block, planned
-from its first call (ONNX Runtime's memory pattern), mapped and unmapped once a call.
+from its first call (ONNX Runtime's memory pattern), mapped and unmapped once a call. What
+it keeps can also be given back between calls (``give_back_arena``: the memory owner does so
+at rest and when memory is short, ``workers.host_cache``).
 
 Each session has its own intra-op threads (as many as torch uses) that spin between the
 operators of a call, as ONNX Runtime's defaults do (a model of a hundred small operators
@@ -41,7 +43,7 @@ import onnx
 import onnxruntime as ort
 
 from core.errors import ExecutionError, OutOfMemoryError
-from core.malloc import map_large_blocks
+from core.malloc import LARGE_BLOCK, map_large_blocks
 from core.runtimes.onnx_compose import CannotCompose, UnitGraphs
 from core.runtimes.ort_memory import status_bytes
 from core.runtimes.ort_weights import SharedWeights
@@ -87,11 +89,10 @@ def weight_bytes(model: onnx.ModelProto) -> int:
 
 def give_back_freed_memory() -> bool:
     """Make glibc give large freed buffers back to the kernel at once (its mmap threshold fixed
-    at 128 KiB; by default it rises to 32 MiB after the first such free, and buffers below it
-    stay on the heap): what ONNX Runtime allocates in a call without its arena then leaves the
-    process's working set when the call returns. Process-wide; False where malloc is not
-    glibc's."""
-    return map_large_blocks(128 * 1024)
+    at ``core.malloc.LARGE_BLOCK``; by default it rises to 32 MiB after the first such free,
+    and buffers below it stay on the heap): the blocks the arena gives back then leave the
+    process's working set. Process-wide; False where malloc is not glibc's."""
+    return map_large_blocks(LARGE_BLOCK)
 
 
 def session_options(threads: int, *, spin: bool = True) -> ort.SessionOptions:
@@ -118,6 +119,31 @@ def run_options(arena: bool) -> ort.RunOptions | None:
     options = ort.RunOptions()
     options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
     return options
+
+
+_TINY: list[ort.InferenceSession] = []  # give_back_arena's session, made on first use
+
+
+def give_back_arena() -> bool:
+    """Give the shared arena's free regions back now, between calls (a call running keeps
+    its own): one call of a one-number Identity graph with the arena's shrinkage asked, which
+    shrinks the arena its session allocates from, every session's. False where no session
+    has been made (nothing to give back)."""
+    if not _READY:
+        return False
+    if not _TINY:
+        with _SETUP:
+            if not _TINY:
+                one = [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [1])
+                       for n in ("x", "y")]
+                graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])],
+                                               "give_back", one[:1], one[1:])
+                model = onnx.helper.make_model(
+                    graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+                _TINY.append(ort.InferenceSession(model.SerializeToString(),
+                                                  session_options(1, spin=False)))
+    _TINY[0].run(None, {"x": np.zeros(1, np.float32)}, run_options(False))
+    return True
 
 
 @dataclass

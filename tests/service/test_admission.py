@@ -103,12 +103,11 @@ def test_the_line_waits_up_to_the_request_timeout_by_default() -> None:
 _RETAINED = """
 import os, sys
 import numpy as np
-from workers.ledger import MMAP_THRESHOLD
-from core.malloc import map_large_blocks
+from core.malloc import LARGE_BLOCK, map_large_blocks
 def rss():
     return int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
 if sys.argv[1] == 'map':
-    map_large_blocks(MMAP_THRESHOLD)
+    map_large_blocks(LARGE_BLOCK)
 before = rss()
 for _ in range(3):  # a request's body and samples, read and freed
     block = np.ones(8 << 20, np.uint8)

@@ -7,6 +7,8 @@ its samples are done, and the sizes it plans with taken from the tables register
 from __future__ import annotations
 
 import gc
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -142,26 +144,32 @@ def test_plans_get_what_is_left_less_the_reserve(recorded: Recorded) -> None:
 
 def test_the_arena_given_back_under_a_limit_and_plans_counted_by_their_own_bytes(
         recorded: Recorded) -> None:
-    """auto: ONNX Runtime's arena gives back what a call used where a cgroup limit applies,
-    and a plan then counts ``RETURNED_GROWTH`` times its bytes, not ``GROWTH``: the same
-    limit leaves plans more; kept (shared) wherever asked, and wherever no limit applies."""
+    """auto: where a cgroup limit applies, ONNX Runtime's arena is given back (at rest and
+    when short: a host cache), and a plan then counts ``RETURNED_GROWTH`` times its bytes, not
+    ``GROWTH``: the same limit leaves plans more; kept (shared) wherever asked, and wherever
+    no limit applies; none gives it back after every call."""
     kept = DeviceMemory("cpu", margin=MARGIN, read=recorded.read, trim=lambda: None,
                         ort_arena="shared")
     given = DeviceMemory("cpu", margin=MARGIN, read=recorded.read, trim=lambda: None,
                          ort_arena="auto")
-    assert kept.arena and kept.growth == GROWTH
-    assert not given.arena and given.growth == RETURNED_GROWTH < GROWTH
+    assert kept.arena and not kept.gives_back and kept.host_cache is None
+    assert kept.growth == GROWTH
+    # a call keeps what it used; the memory owner gives it back
+    assert given.arena and given.gives_back and given.host_cache is not None
+    assert given.growth == RETURNED_GROWTH < GROWTH
     for memory in (kept, given):
         table = table_of(NEED)
         memory.register("m", lambda t=table: t, lambda: 0)
     assert given.ceiling() == int((LIMIT - IDLE - MARGIN) / RETURNED_GROWTH) > kept.ceiling()
     none = DeviceMemory("cpu", margin=MARGIN, read=recorded.read, trim=lambda: None,
                         ort_arena="none")
-    assert not none.arena and none.growth == RETURNED_GROWTH
+    assert not none.arena and none.gives_back and none.host_cache is None
+    assert none.growth == RETURNED_GROWTH
     (recorded.group / "memory.max").write_text("max\n")
     unlimited = DeviceMemory("cpu", margin=MARGIN, read=recorded.read, trim=lambda: None,
                              ort_arena="auto")
-    assert unlimited.arena and unlimited.growth == 1.0
+    assert unlimited.arena and not unlimited.gives_back and unlimited.host_cache is None
+    assert unlimited.growth == 1.0
 
 
 def test_an_idle_reading_too_high_comes_down_when_the_group_does(recorded: Recorded) -> None:
@@ -182,3 +190,103 @@ def test_an_idle_reading_too_high_comes_down_when_the_group_does(recorded: Recor
     recorded.use(IDLE + 32 * MiB)  # more resident again: taken when it is read at idle, not here
     memory.plan_free()
     assert memory.report().idle_working_set_bytes == IDLE
+
+
+class _Kept:
+    """What a runtime keeps of its calls in a recorded group: ``give_back`` (its hook) takes
+    it out of the group's use."""
+
+    def __init__(self, recorded: Recorded, memory: DeviceMemory, kept: int) -> None:
+        self.recorded, self.kept, self.calls = recorded, kept, 0
+        self.given = threading.Event()
+        assert memory.host_cache is not None
+        memory.host_cache.register(self.give_back)
+
+    def give_back(self) -> None:
+        self.calls += 1
+        self.recorded.use(IDLE)
+        self.given.set()
+
+
+def _ran(memory: DeviceMemory, recorded: Recorded, kept: int) -> None:
+    """A plan ran, and what its runtime keeps stays in the group."""
+    lease = memory.acquire("m", lambda free: _Plan(min(free, NEED)), need=NEED, timeout_s=5)
+    recorded.use(IDLE + kept)
+    memory.release(lease)
+
+
+class _Plan:
+    def __init__(self, peak: int) -> None:
+        self.peak_bytes = peak
+
+
+def _auto(recorded: Recorded, idle_s: float = 0.0) -> DeviceMemory:
+    memory = DeviceMemory("cpu", margin=MARGIN, read=recorded.read, trim=lambda: None,
+                          ort_arena="auto", cache_idle_s=idle_s)
+    table = table_of(NEED, 4 * NEED)
+    memory.register("m", lambda: table, lambda: 0)
+    return memory
+
+
+def test_what_the_arena_keeps_is_given_back_when_a_request_finds_the_group_short(
+        recorded: Recorded) -> None:
+    """The ledger has room but the group is short by what the arena kept of a plan: the
+    request is admitted once it is given back (the group read again), not told to wait; where
+    no plan ran since, or the ledger itself is full, nothing is given back."""
+    memory = _auto(recorded)
+    kept = _Kept(recorded, memory, 0)
+    recorded.use(LIMIT - MARGIN - NEED)  # something else, not a plan's: nothing to give back
+    assert memory.admit("m", 8 * MiB) is None and kept.calls == 0
+    recorded.use(IDLE)
+    _ran(memory, recorded, LIMIT - MARGIN - NEED - IDLE)  # the arena keeps all but a plan's
+    ticket = memory.admit("m", 8 * MiB)
+    assert ticket is not None and kept.calls == 1
+    assert memory.report().working_set_bytes == IDLE
+    memory.done(ticket)
+    # the ledger full of held requests: giving the arena back would not let one more in
+    capacity = LIMIT - IDLE - MARGIN
+    held = memory.admit("m", capacity - int(RETURNED_GROWTH * 4 * NEED))
+    assert held is not None
+    _ran(memory, recorded, 64 * MiB)
+    assert memory.admit("m", 8 * MiB) is None and kept.calls == 1
+    memory.done(held)
+
+
+def test_what_the_arena_keeps_is_given_back_before_a_plan_gets_less_than_its_working_bytes(
+        recorded: Recorded) -> None:
+    memory = _auto(recorded)
+    kept = _Kept(recorded, memory, 0)
+    full = memory.plan_free()
+    _ran(memory, recorded, LIMIT - IDLE - MARGIN - 2 * NEED)  # the headroom: under 4 x NEED
+    assert memory.plan_free() == full and kept.calls == 1
+    _ran(memory, recorded, 96 * MiB)  # less for plans, but not short of working bytes: kept
+    assert memory.plan_free() < full and kept.calls == 1
+
+
+def test_the_idle_use_is_read_with_what_the_arena_kept_given_back(recorded: Recorded) -> None:
+    """What the arena keeps is not what stays: read at rest as the idle working set, it would
+    leave requests less room for good (they waited in line and got 503 under a burst)."""
+    memory = _auto(recorded)
+    kept = _Kept(recorded, memory, 0)
+    ticket = memory.admit("m", MiB)
+    _ran(memory, recorded, 96 * MiB)
+    memory.done(ticket)  # at rest: the arena given back, then what stays read
+    assert kept.calls == 1 and memory.report().idle_working_set_bytes == IDLE
+
+
+def test_what_the_arena_keeps_is_given_back_after_the_device_rested(
+        recorded: Recorded) -> None:
+    """A plan ran while a request was held (the release's reading skipped: too soon after the
+    last), then nothing: after ``idle_s`` it is given back and the idle use read again."""
+    memory = _auto(recorded, idle_s=0.01)
+    kept = _Kept(recorded, memory, 0)
+    memory.rebase()  # read just now: the next release's reading is skipped
+    ticket = memory.admit("m", MiB)
+    _ran(memory, recorded, 96 * MiB)
+    memory.done(ticket)
+    assert kept.given.wait(5), "the arena was not given back at rest"
+    deadline = time.monotonic() + 5
+    while memory.report().idle_working_set_bytes != IDLE and time.monotonic() < deadline:
+        kept.given.wait(0.01)  # the read after the give-back, on the cache's thread
+    assert memory.report().idle_working_set_bytes == IDLE
+    memory.close()
