@@ -196,8 +196,8 @@ class _Kept:
     """What a runtime keeps of its calls in a recorded group: ``give_back`` (its hook) takes
     it out of the group's use."""
 
-    def __init__(self, recorded: Recorded, memory: DeviceMemory, kept: int) -> None:
-        self.recorded, self.kept, self.calls = recorded, kept, 0
+    def __init__(self, recorded: Recorded, memory: DeviceMemory) -> None:
+        self.recorded, self.calls = recorded, 0
         self.given = threading.Event()
         assert memory.host_cache is not None
         memory.host_cache.register(self.give_back)
@@ -234,7 +234,7 @@ def test_what_the_arena_keeps_is_given_back_when_a_request_finds_the_group_short
     request is admitted once it is given back (the group read again), not told to wait; where
     no plan ran since, or the ledger itself is full, nothing is given back."""
     memory = _auto(recorded)
-    kept = _Kept(recorded, memory, 0)
+    kept = _Kept(recorded, memory)
     recorded.use(LIMIT - MARGIN - NEED)  # something else, not a plan's: nothing to give back
     assert memory.admit("m", 8 * MiB) is None and kept.calls == 0
     recorded.use(IDLE)
@@ -255,7 +255,7 @@ def test_what_the_arena_keeps_is_given_back_when_a_request_finds_the_group_short
 def test_what_the_arena_keeps_is_given_back_before_a_plan_gets_less_than_its_working_bytes(
         recorded: Recorded) -> None:
     memory = _auto(recorded)
-    kept = _Kept(recorded, memory, 0)
+    kept = _Kept(recorded, memory)
     full = memory.plan_free()
     _ran(memory, recorded, LIMIT - IDLE - MARGIN - 2 * NEED)  # the headroom: under 4 x NEED
     assert memory.plan_free() == full and kept.calls == 1
@@ -267,7 +267,7 @@ def test_the_idle_use_is_read_with_what_the_arena_kept_given_back(recorded: Reco
     """What the arena keeps is not what stays: read at rest as the idle working set, it would
     leave requests less room for good (they waited in line and got 503 under a burst)."""
     memory = _auto(recorded)
-    kept = _Kept(recorded, memory, 0)
+    kept = _Kept(recorded, memory)
     ticket = memory.admit("m", MiB)
     _ran(memory, recorded, 96 * MiB)
     memory.done(ticket)  # at rest: the arena given back, then what stays read
@@ -279,7 +279,7 @@ def test_what_the_arena_keeps_is_given_back_after_the_device_rested(
     """A plan ran while a request was held (the release's reading skipped: too soon after the
     last), then nothing: after ``idle_s`` it is given back and the idle use read again."""
     memory = _auto(recorded, idle_s=0.01)
-    kept = _Kept(recorded, memory, 0)
+    kept = _Kept(recorded, memory)
     memory.rebase()  # read just now: the next release's reading is skipped
     ticket = memory.admit("m", MiB)
     _ran(memory, recorded, 96 * MiB)
