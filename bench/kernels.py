@@ -99,8 +99,8 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[tuple[str, int], li
     spinning, sleeping = _onnx_sessions(model, shape, args.threads)
     sizes = [int(n) for n in args.samples.split(",")]
     runtime = "onnxruntime" if args.lean else args.runtime
-    store = Path(args.store or Path(args.cache_dir) / f"kernels-store-{runtime}"
-                 + ("-lean" if args.lean else ""))
+    own = f"kernels-store-{runtime}" + ("-lean" if args.lean else "")
+    store = Path(args.store) if args.store else Path(args.cache_dir) / own
     serve_args = ["--model", name, "--input-shape", ",".join(map(str, shape)), "--store",
                   str(store), "--batch-max", str(args.batch_max), "--runtime", runtime,
                   "--log-level", "warning"]
