@@ -12,9 +12,12 @@ then what this service holds for its own plans; the rest the driver reports free
 
 Not every cached byte can be given back, or used by any block: ``empty_cache`` frees only
 whole free segments and, with expandable segments (``core.cuda_allocator``), only the whole
-pages inside free blocks; a CUDA graph's private pool is its graphs' while they live. What
-is left (free bytes beside live tensors) fits only the blocks that fit in it. ``cache_of``
-sorts the allocator's own segments (``torch.cuda.memory_snapshot``) by what they are good for.
+pages inside free blocks. A CUDA graph's private pool serves only captures into it: its free
+bytes are never free for plans, and a pool whose graphs are all gone (a runtime grown or
+released while a caller held a graph) is the device's again only at the next ``empty_cache``
+(a trim here, or a capture's), which gives back what it can. What is left (free bytes beside live tensors) fits only the blocks that fit
+in it. ``cache_of`` sorts the allocator's own segments (``torch.cuda.memory_snapshot``) by
+what they are good for.
 
 The decisions are ``excess`` (pure) and ``IdleTrim`` (one thread that waits for the idle
 moment); ``DeviceCache`` joins them to the allocator. On a CPU there is no such cache.
@@ -46,7 +49,7 @@ class Cache:
     releasable: int   # what empty_cache gives back: whole free segments, whole free pages
     reusable: int     # releasable, and the large pool's free blocks at the ends of mapped
     #                   ranges: a block of any size can start or end there (and map the rest)
-    pools: int        # free in CUDA graphs' private pools: their graphs' (the runtime's)
+    pools: int        # free in CUDA graphs' private pools, live or not: never plans' (a report)
     expandable: bool  # the allocator maps pages: the driver's free memory serves in pages
 
 
@@ -62,7 +65,8 @@ def cache_of(segments: Iterable[Mapping[str, Any]]) -> Cache:
     treats them: ``release_cached_blocks`` frees a segment's block only when it is the whole
     segment, and on an expandable segment (reported as one segment per mapped range, which
     starts on a page) unmaps only the whole pages inside a free block; a private pool's
-    blocks are freed only once its graphs are gone. A mapped range's last block borders
+    blocks are freed only once its graphs are gone, and serve no other block before: none of
+    them is releasable or reusable here. A mapped range's last block borders
     unmapped address space, and so does its first, but for the lowest range of its stream
     (taken to start the segment's address space)."""
     releasable = reusable = pools = 0

@@ -4,7 +4,10 @@ CUDA: what the driver reports free (``torch.cuda.mem_get_info``), in the pages t
 allocator maps, plus what the allocator caches that a block of any size can use
 (``workers.device_cache.Cache.reusable``). Not reserved − allocated: that also counts free bytes
 wedged between live tensors, which only smaller blocks fit, and on a device a neighbour has
-filled they would hold the reading above what a plan can get.
+filled they would hold the reading above what a plan can get. Never the free bytes inside a
+CUDA graph's private pool, its graphs alive or not: a pool's blocks serve only captures into
+it, and a pool whose graphs are gone is the device's again only once ``empty_cache`` gives it
+back (the device cache's trims), so no plan is given memory a pool holds.
 CPU: the least headroom under the cgroup memory limits on this process's path (limit minus
 working set, ``workers.cgroup``), never more than the kernel's ``MemAvailable``. Either way
 the result is capped by the configured limit. What is kept back from plans (the margin) is the
@@ -14,7 +17,7 @@ device's memory owner's to decide (``workers.device_memory``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from workers.cgroup import mem_available, parse_limit, parse_meminfo, read_headroom
@@ -41,16 +44,15 @@ def cpu_free(proc: Path = Path("/proc"), fs_root: Path = Path("/")) -> int:
 
 def cuda_free(device: int | str = 0) -> int:
     """Free memory on a CUDA device for this process's plans: the driver's free memory (in
-    whole large pages where the allocator maps pages: less cannot hold a large block), what
-    the allocator caches that any block can use, and what CUDA graphs' private pools keep
-    unused (their runtimes take it off again: ``MemoryProbe.keep``)."""
+    whole large pages where the allocator maps pages: less cannot hold a large block) and what
+    the allocator caches that any block can use; nothing of CUDA graphs' private pools."""
     import torch
 
     free, _total = torch.cuda.mem_get_info(device)
     cache = allocator_cache(device)
     if cache.expandable:
         free -= free % LARGE_PAGE
-    return int(free + cache.reusable + cache.pools)
+    return int(free + cache.reusable)
 
 
 def cuda_driver_free(device: int | str = 0) -> int:
@@ -76,23 +78,12 @@ class MemoryProbe:
     ``limit`` is the most a plan may use whatever the device has free (0 = no cap); it can
     be changed while serving (a smaller limit makes later batches step down to plans that
     fit). What the unit runtimes keep of the device allocator's cache for themselves (a CUDA
-    graph's private pool: ``UnitRuntime.cached_bytes``) is not free: each runtime loaded on
-    the device is ``keep``-registered and its share taken off the reading.
+    graph's private pool) is never in the reading (``cuda_free``), so nothing is taken off.
     """
 
     device: str = "cpu"
     limit: int = 0
     source: Callable[[], int] | None = None  # overrides the device reading (e.g. a cgroup root)
-    kept: dict[int, Callable[[], int]] = field(default_factory=dict, repr=False)
-
-    def keep(self, owner: object, cached: Callable[[], int]) -> None:
-        """Take ``cached()`` bytes off every reading from now on (until ``drop(owner)``); on
-        a CPU there is no device cache (what runtimes keep is in the working set already)."""
-        if self.device.startswith("cuda"):
-            self.kept[id(owner)] = cached
-
-    def drop(self, owner: object) -> None:
-        self.kept.pop(id(owner), None)
 
     def device_free(self) -> int:
         if self.source is not None:
@@ -101,15 +92,12 @@ class MemoryProbe:
             free = cuda_free(self.device)
         else:
             free = cpu_free()
-        if self.kept:
-            free -= sum(cached() for cached in list(self.kept.values()))
         return max(0, free)
 
     def free(self) -> int:
         if self.limit and self.source is None and self.device.startswith("cuda"):
             # the driver alone covers the limit: the allocator's blocks need not be walked
-            kept = sum(cached() for cached in list(self.kept.values()))
-            if cuda_driver_free(self.device) - LARGE_PAGE - kept >= self.limit:
+            if cuda_driver_free(self.device) - LARGE_PAGE >= self.limit:
                 return self.limit
         free = self.device_free()
         return min(free, self.limit) if self.limit else free

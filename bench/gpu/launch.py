@@ -1,13 +1,14 @@
 """`make gpu`: install vbs-serve as the machine allows, then run the steps (``python -m bench.gpu``).
 
-    python3 bench/gpu/launch.py --device cuda|cpu [--quick] [--step all|tests,profile,...]
+    python3 bench/gpu/launch.py --device cuda|cpu [--quick] [--step all|smoke,bench,serve,...]
                                 [--out out/gpu] [--deadline-s 540]
-                                [--dtypes float32,float16] [--no-suites]
+                                [--dtypes float32,float16] [--runtimes cudagraph,torch]
+                                [--benches cudagraph:float16,...] [--no-suites] [--tag call2]
 
 Every device call starts on a bare machine, so every call installs (a minute at most) before
 its steps: the machine's own Python on CUDA, a fresh venv on the CPU (bench/gpu/install.py).
-The install's record is out/install.json, in the steps' format. ``--step install`` stops
-there. Standard library only, like the install.
+The install's record is out/install.json (install-TAG.json with ``--tag``), in the steps'
+format. ``--step install`` stops there. Standard library only, like the install.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ import install  # noqa: E402 - bench/gpu/install.py, beside this file
 ROOT = install.ROOT
 
 
-def _write(out: Path, record: dict) -> None:
-    path = out / "install.json"
+def _write(out: Path, record: dict, tag: str = "") -> None:
+    path = out / (f"install-{tag}.json" if tag else "install.json")
     path.write_text(json.dumps(record, indent=1))
     dest = os.environ.get("OUT")
     if dest and Path(dest).is_dir():
@@ -46,17 +47,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "gpu")
     parser.add_argument("--deadline-s", type=float, default=540.0)
     parser.add_argument("--dtypes", help="passed on: the full run's dtypes (default both)")
+    parser.add_argument("--runtimes", help="passed on: the benches' runtimes (default both)")
+    parser.add_argument("--benches", help="passed on: the benches' RUNTIME:DTYPE pairs")
     parser.add_argument("--no-suites", action="store_true", help="passed on: gpu tests only")
+    parser.add_argument("--tag", default="", help="passed on: records named <step>-TAG.json")
     parser.add_argument("--wheels", type=Path, help="default .gpu-wheels/cpXY of the target Python")
     args = parser.parse_args(argv)
     if args.step == "summary":  # the records of earlier calls, summarised here: nothing to install
         here = ROOT / ".venv" / "bin" / "python"
         return subprocess.call([str(here) if here.exists() else sys.executable, "-m", "bench.gpu",
                                 "--device", args.device, "--step", "summary", "--out",
-                                str(args.out)], cwd=ROOT)
+                                str(args.out), *(["--tag", args.tag] if args.tag else [])],
+                               cwd=ROOT)
     started = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
-    record = {"step": "install", "device": args.device, "quick": args.quick,
+    record = {"step": "install", "device": args.device, "quick": args.quick, "tag": args.tag,
               "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "ok": False, "checks": [], "items": [], "skipped": []}
     try:
@@ -65,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     except install.InstallError as exc:
         record["checks"].append({"name": "install", "ok": False, "detail": str(exc)[-3000:]})
         record["elapsed_s"] = round(time.monotonic() - started, 2)
-        _write(args.out, record)
+        _write(args.out, record, args.tag)
         print(f"[gpu] install FAILED: {exc}", file=sys.stderr)
         return 1
     record.update(report)
@@ -81,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "detail": json.dumps(report["device_info"])})
     record["ok"] = all(c["ok"] for c in record["checks"])
     record["elapsed_s"] = round(time.monotonic() - started, 2)
-    _write(args.out, record)
+    _write(args.out, record, args.tag)
     print(f"[gpu] install: {'ok' if record['ok'] else 'FAILED'} in {record['elapsed_s']:.0f} s "
           f"({report['python']})", flush=True)
     if not record["ok"]:
@@ -94,8 +99,10 @@ def main(argv: list[str] | None = None) -> int:
            "--deadline-s", str(max(60.0, args.deadline_s - (time.monotonic() - started)))]
     if args.quick:
         cmd.append("--quick")
-    if args.dtypes:
-        cmd += ["--dtypes", args.dtypes]
+    for flag, value in (("--dtypes", args.dtypes), ("--runtimes", args.runtimes),
+                        ("--benches", args.benches), ("--tag", args.tag)):
+        if value:
+            cmd += [flag, value]
     if args.no_suites:
         cmd.append("--no-suites")
     return subprocess.call(cmd, cwd=ROOT)

@@ -24,11 +24,21 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 VBS = [sys.executable, "-m", "service.commands"]  # `vbs`, with this interpreter
 
 
-def publish(path: Path) -> None:
-    """Copy ``path`` into the device tool's $OUT (set only on the device machine)."""
+def publish(path: Path, folder: str = "") -> None:
+    """Copy ``path`` into the device tool's $OUT (set only on the device machine), or into its
+    ``folder`` (one level down: the tool brings back at most 8 files, 2 folders down)."""
     out = os.environ.get("OUT")
     if out and Path(out).is_dir():
-        shutil.copy2(path, Path(out) / path.name)
+        dest = Path(out) / folder if folder else Path(out)
+        dest.mkdir(exist_ok=True)
+        shutil.copy2(path, dest / path.name)
+
+
+def tagged(name: str, tag: str = "") -> str:
+    """A record's file name in a call given ``--tag`` (``bench-call2.json``): two calls' records
+    copied into one folder do not overwrite each other, and the summary reads them all."""
+    stem, dot, ext = name.partition(".")
+    return f"{stem}-{tag}{dot}{ext}" if tag else name
 
 
 @dataclass
@@ -85,10 +95,11 @@ def run(cmd: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | None =
 class Record:
     """One step's results: items, checks, and the file they are written to."""
 
-    def __init__(self, step: str, out: Path, device: str, quick: bool) -> None:
-        self.path = out / f"{step}.json"
+    def __init__(self, step: str, out: Path, device: str, quick: bool, tag: str = "") -> None:
+        self.tag = tag
+        self.path = out / tagged(f"{step}.json", tag)
         self.data: dict[str, Any] = {
-            "step": step, "device": device, "quick": quick,
+            "step": step, "device": device, "quick": quick, "tag": tag,
             "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "elapsed_s": 0.0, "ok": True, "checks": [], "items": [], "skipped": []}
         self._t0 = time.perf_counter()

@@ -32,6 +32,16 @@ def gains(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def captured(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """How many plans were feasible, ran (timed), and ran runtime calls (with --runtime
+    cudagraph: CUDA graphs, each captured, or the bench would have failed)."""
+    feasible = [r for r in rows if r.get("feasible")]
+    ran = [r for r in feasible if r.get("time_per_sample_measured")]
+    calls = [r for r in ran if r.get("calls")]
+    return {"feasible": len(feasible), "ran": len(ran), "with_calls": len(calls),
+            "calls": sum(int(r["calls"]) for r in calls)}
+
+
 def main(cfg: Config, work: Path, rec: Record, deadline: Deadline) -> None:
     for item in cfg.benches:
         if not deadline.allows(item.estimate_s):
@@ -52,6 +62,7 @@ def main(cfg: Config, work: Path, rec: Record, deadline: Deadline) -> None:
             data = json.loads(result.read_text())
             s = data["summary"]
             row.update(summary=s, rows=data["rows"], gains=gains(data["rows"]),
+                       plans=captured(data["rows"]),
                        runtimes=sorted({rt for r in data["rows"] for rt in r.get("runtimes") or ()}))
             rec.item(row)
             rec.check(f"bench {item.label}: no run over its budget", s["budget_exceeded"] == 0,

@@ -23,13 +23,17 @@ SUITES = ("tests/core", "tests/planner", "tests/workers")
 CUDA_ONLY = "CUDA only:"
 
 
-def junit(path: Path) -> dict[str, Any]:
-    """Counts, failures and skip reasons from a pytest JUnit XML file."""
-    out: dict[str, Any] = {"passed": 0, "failed": 0, "skipped": 0, "failures": [], "skips": []}
+def junit(path: Path, slowest: int = 12) -> dict[str, Any]:
+    """Counts, failures, skip reasons and the slowest tests (what to leave out of a short
+    call) from a pytest JUnit XML file."""
+    out: dict[str, Any] = {"passed": 0, "failed": 0, "skipped": 0, "failures": [], "skips": [],
+                           "slowest": []}
     if not path.exists():
         return out
+    times = []
     for case in ET.parse(path).getroot().iter("testcase"):
         name = f"{case.get('classname')}::{case.get('name')}"
+        times.append({"test": name, "seconds": round(float(case.get("time") or 0), 2)})
         bad = case.find("failure")
         if bad is None:
             bad = case.find("error")
@@ -42,6 +46,7 @@ def junit(path: Path) -> dict[str, Any]:
             out["skips"].append({"test": name, "reason": (skip.get("message") or "")[:300]})
         else:
             out["passed"] += 1
+    out["slowest"] = sorted(times, key=lambda t: -t["seconds"])[:slowest]
     return out
 
 
@@ -56,6 +61,10 @@ def pytest(args: list[str], xml: Path, deadline: Deadline, log: Path) -> tuple[i
 
 def main(cfg: Config, work: Path, rec: Record, deadline: Deadline) -> None:
     cuda = cfg.device == "cuda"
+    if not deadline.allows(cfg.tests_estimate_s):  # killed half-way, pytest would report nothing
+        rec.skip("pytest -m gpu " + " ".join(GPU_PATHS), f"{deadline.left():.0f} s left of the "
+                 f"call; they take about {cfg.tests_estimate_s:.0f} s")
+        return
     rc, gpu = pytest(["-m", "gpu", *GPU_PATHS], work / "tests-gpu.xml", deadline,
                      work / "tests-gpu.log")
     rec.item({"what": "pytest -m gpu " + " ".join(GPU_PATHS), **gpu})

@@ -13,18 +13,41 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench.gpu import done
 from bench.gpu.paper import CITATION, TABLE_II
 
-STEPS = ("install", "tests", "profile", "graphs", "bench", "serve", "energy", "summary")
+STEPS = ("install", "smoke", "tests", "profile", "graphs", "bench", "serve", "energy", "summary")
 MiB = 2**20
+
+
+def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One step's records of several calls (``<step>.json``, ``<step>-TAG.json``) as one: items,
+    checks and skips together, each call's fields over the earlier ones' where it has items."""
+    merged = dict(parts[0])
+    for key in ("items", "checks", "skipped"):
+        merged[key] = [x for p in parts for x in p.get(key, [])]
+    for later in parts[1:]:
+        if later.get("items"):
+            merged.update({k: v for k, v in later.items() if k not in ("items", "checks",
+                                                                       "skipped")})
+    merged["ok"] = all(p.get("ok", True) for p in parts)
+    merged["elapsed_s"] = sum(p.get("elapsed_s", 0) for p in parts)
+    merged["started_at"] = ", ".join(p.get("started_at", "") for p in parts)
+    merged["tags"] = [p.get("tag", "") for p in parts]
+    return merged
 
 
 def _load(out: Path) -> dict[str, dict[str, Any]]:
     records = {}
     for step in STEPS:
-        path = out / f"{step}.json"
-        if path.exists():
-            records[step] = json.loads(path.read_text())
+        parts = [json.loads((out / f"{step}.json").read_text())] \
+            if (out / f"{step}.json").exists() else []
+        for path in sorted(out.glob(f"{step}-*.json")):  # another call's (--tag), not a copy
+            data = json.loads(path.read_text())
+            if data.get("tag") and path.name == f"{step}-{data['tag']}.json":
+                parts.append(data)
+        if parts:
+            records[step] = merge(parts)
     return records
 
 
@@ -74,7 +97,7 @@ def _steps(records: dict[str, dict[str, Any]]) -> list[str]:
         lines += [f"- {s}: {c['name']}: {c['detail'][:300]}" for s, c in failed]
     skipped = [(s, k) for s, r in records.items() for k in r.get("skipped", [])]
     if skipped:
-        lines += ["", "Skipped (the call's deadline):", ""]
+        lines += ["", "Skipped (the call's deadline, a failed smoke test, or CUDA only):", ""]
         lines += [f"- {s}: {k['what']} ({k['why']})" for s, k in skipped]
     return lines + [""]
 
@@ -101,6 +124,10 @@ def _tests(r: dict[str, Any]) -> list[str]:
         else:
             lines.append(f"| `{item['what']}` | {item.get('result', '')} | — | — | "
                          f"{item['seconds']:.0f} |")
+    slowest = [t for item in r["items"] for t in item.get("slowest", [])][:8]
+    if slowest:
+        lines += ["", "Slowest: " + "; ".join(f"`{t['test'].rsplit('.', 1)[-1]}` "
+                                              f"({t['seconds']:.0f} s)" for t in slowest)]
     skips = [s for item in r["items"] for s in item.get("skips", [])]
     if skips:
         lines += ["", "Skipped: " + "; ".join(f"`{s['test'].rsplit('.', 1)[-1]}` ({s['reason']})"
@@ -269,59 +296,127 @@ def _client_cpu(load: dict[str, Any]) -> str:
     return "—" if per is None or cores is None else f"{per:.2f}, {cores:.2f}"
 
 
-def _serve(r: dict[str, Any]) -> list[str]:
-    limit = r.get("limit") or {}
-    lines = ["## The service under load while another process takes memory", "",
-             f"`vbs serve` ({r.get('model')}, {r.get('clients')} requests in flight x "
-             f"{r.get('samples')} sample(s) from {r.get('load_processes', 1)} client "
-             f"process(es), {r.get('load', 'closed loop')}, {r.get('duration_s')} s, margin {r.get('margin')}) with a memory limit "
-             f"of {_mib(limit.get('limit'))} MiB (where the tables predict vbs's largest gain "
-             f"over fbs-best, {limit.get('predicted_gain', 0):.2f}x, for a full batch), "
-             "bench/memory_hog.py taking and freeing memory beside it.", "",
-             "| tables | answered | errors | samples/s | p50 (ms) | p99 (ms) | OOM retries | "
-             "splits | rejected | 5xx | plan peaks seen (MiB) | memory free seen (MiB) | hog "
-             "cycles | clients' CPU (ms/request, cores) | exit |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for one in r["items"]:
-        load, m, seen = one.get("load") or {}, one.get("metrics") or {}, one.get("over_time") or {}
-        peaks = seen.get("plan_peaks_seen") or []
-        lines.append(
-            f"| {one['solver']} | {load.get('ok', '—')} | {load.get('errors', '—')} | "
+def _served_row(one: dict[str, Any]) -> str:
+    load, m, seen = one.get("load") or {}, one.get("metrics") or {}, one.get("over_time") or {}
+    peaks = seen.get("plan_peaks_seen") or []
+    return (f"| {one['solver']} | {load.get('ok', '—')} | {load.get('errors', '—')} | "
             f"{load.get('throughput_samples_per_s', 0):.1f} | {_ms(load.get('latency_p50_s'), 1)} | "
             f"{_ms(load.get('latency_p99_s'), 1)} | {_n(m.get('oom_retries'))} | "
             f"{_n(m.get('batch_splits'))} | {_n(m.get('rejected'))} | "
             f"{_n(m.get('requests_5xx'))} | {len(peaks)}: "
             f"{_mib(peaks[0]) if peaks else '—'}-{_mib(peaks[-1]) if peaks else '—'} | "
-            f"{_mib(seen.get('free_min'))}-{_mib(seen.get('free_max'))} | "
-            f"{(one.get('hog') or {}).get('cycles', 0)} | {_client_cpu(load)} | "
-            f"{one.get('service_rc')} |"
-            if one.get("ready") else f"| {one['solver']} | not ready | | | | | | | | | | | | | |")
-    rates = {one["solver"]: (one.get("load") or {}).get("throughput_samples_per_s")
-             for one in r["items"]}
-    if rates.get("vbs") and rates.get("fbs-best"):
-        lines += ["", f"Served with vbs's tables: {rates['vbs'] / rates['fbs-best']:.2f}x the "
-                  "samples per second of fbs-best's, at the same limit and load."]
+            f"{_client_cpu(load)} | {one.get('service_rc')} |")
+
+
+def _moving_row(one: dict[str, Any], predicted: dict[str, Any]) -> str:
+    mv = one.get("moving") or {}
+    load, seen, hog = mv.get("load") or {}, mv.get("over_time") or {}, mv.get("hog") or {}
+    levels = ", ".join(_mib(st["size"]) for st in hog.get("steps", []) if st.get("size"))
+    settled = ", ".join(_mib(p) if p else "—" for p in mv.get("settled_peaks", []))
+    peaks = seen.get("plan_peaks_seen") or []
+    guess = predicted.get(one["solver"]) or {}
+    return (f"| {one['solver']} | {levels or '—'} | {settled or '—'} | "
+            f"**{mv.get('distinct_settled', 0)}** | {len(peaks)}: "
+            f"{', '.join(_mib(p) for p in peaks[:12])} | "
+            f"{_mib(seen.get('free_min'))}-{_mib(seen.get('free_max'))} | {load.get('ok', '—')} | "
+            f"{load.get('errors', '—')} | {load.get('throughput_samples_per_s', 0):.1f} | "
+            f"{'yes' if guess.get('ok') else 'no'} ({guess.get('distinct', '—')}) |")
+
+
+def _serve(r: dict[str, Any]) -> list[str]:
+    limit = r.get("limit") or {}
+    best = limit.get("best") or {}
+    served = [one for one in r["items"] if "solver" in one]
+    lines = ["## The service under load, then while another process gives memory back", "",
+             f"`vbs serve` ({r.get('model')}, {r.get('clients')} requests in flight x "
+             f"{r.get('samples')} sample(s) from {r.get('load_processes', 1)} client "
+             f"process(es), {r.get('load', 'closed loop')}, {r.get('duration_s')} s, margin "
+             f"{r.get('margin')}, VBS_DEVICE_CACHE_IDLE_S {r.get('idle_s')}) with plans' budget "
+             f"{_mib(limit.get('limit'))} MiB (`--memory-limit` {_mib(r.get('memory_limit'))} "
+             f"MiB): {limit.get('rule', 'where the tables predict the largest gain')}; predicted "
+             f"gain of vbs over fbs-best there {limit.get('predicted_gain', 0):.2f}x (the best "
+             f"anywhere: {best.get('gain', 0):.2f}x at {_mib(best.get('budget'))} MiB).", "",
+             "Steady (nothing else on the device):", "",
+             "| tables | answered | errors | samples/s | p50 (ms) | p99 (ms) | OOM retries | "
+             "splits | rejected | 5xx | plan peaks seen (MiB) | clients' CPU (ms/request, "
+             "cores) | exit |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [_served_row(one) if one.get("ready") else
+              f"| {one['solver']} | not ready | | | | | | | | | | | |" for one in served]
+    moving = [one for one in served if one.get("moving")]
+    if moving:
+        lines += ["", "While the hog gives memory back (it started first, after the service's "
+                  "cache was given back; OOM retries and the rest above count both windows):", "",
+                  "| tables | hog's steps (MiB; it leaves them on CUDA, takes them on the "
+                  "CPU) | settled plan peak per step (MiB) | distinct | "
+                  "plan peaks seen (MiB) | memory free seen (MiB) | answered | errors | "
+                  "samples/s | reach.py predicted (distinct) |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [_moving_row(one, r.get("reach") or {}) for one in moving]
+    lines += _serve_ratios(r)
     if r.get("device") != "cuda":
         lines += ["", "On the CPU the hog's memory does not count against the service's limit "
-                  "(no cgroup joins the two processes here), so step-downs and OOM retries are "
-                  "not expected in this rehearsal; on CUDA both share the device's free memory."]
+                  "(no cgroup joins the two processes here), so the plans are not expected to "
+                  "move in this rehearsal; on CUDA both share the device's free memory."]
     return lines + [""]
 
 
-def write(out: Path) -> Path:
-    """summary.md from the records in ``out``."""
+def served_ratios(r: dict[str, Any]) -> dict[str, float | None]:
+    """The served samples/s of vbs's tables over fbs-best's, and over the same plans offline."""
+    rates = {one["solver"]: (one.get("load") or {}).get("throughput_samples_per_s")
+             for one in r.get("items", []) if "solver" in one}
+    offline = next((one for one in r.get("items", []) if one.get("what") == "offline"), {})
+    vbs, best, alone = rates.get("vbs"), rates.get("fbs-best"), offline.get("vbs_samples_per_s")
+    return {"vbs": vbs, "fbs_best": best, "offline": alone,
+            "over_fbs_best": vbs / best if vbs and best else None,
+            "over_offline": vbs / alone if vbs and alone else None}
+
+
+def _serve_ratios(r: dict[str, Any]) -> list[str]:
+    x = served_ratios(r)
+    lines = []
+    if x["over_fbs_best"]:
+        lines += ["", f"Served with vbs's tables: {x['over_fbs_best']:.2f}x the samples per "
+                  "second of fbs-best's, at the same limit and load."]
+    if x["offline"]:
+        lines += ["", f"The same plans offline (`vbs bench` at the budget, a full batch): vbs "
+                  f"{x['offline']:.1f} samples/s"
+                  + (f"; served: {x['over_offline']:.2f}x of that." if x["over_offline"] else ".")]
+    shots = next((one for one in r.get("items", []) if one.get("what") == "snapshots"), None)
+    if shots:
+        lines += ["", f"The allocator's snapshots: {shots.get('file') or shots.get('skipped')}"
+                  + (f" ({', '.join(shots['dumps'])})" if shots.get("dumps") else "") + "."]
+    return lines
+
+
+def _smoke(r: dict[str, Any]) -> list[str]:
+    lines = ["## Smoke test: CUDA graphs in the bench's and the profiler's orders", ""]
+    for item in r["items"]:
+        if item.get("skipped"):
+            lines.append(f"Skipped: {item['skipped']}.")
+            continue
+        lines += [f"{item.get('model')} at {item.get('shape')}: "
+                  f"{'passed' if item.get('ok') else 'FAILED'} in {item.get('wall_s', 0):.0f} s.",
+                  ""]
+        lines += [f"- {st['name']}: {'ok' if st['ok'] else 'FAILED: ' + st['error'][:300]} "
+                  f"({st['seconds']} s)" for st in item.get("stages", [])]
+    return lines + [""]
+
+
+def write(out: Path, name: str = "summary.md") -> Path:
+    """summary.md (or ``name``) from the records in ``out``."""
     records = _load(out)
     lines = [headline(records), "", "Made by `make gpu` (bench/gpu/); the device calls are in "
              "docs/gpu.md. Every figure comes from the JSON records beside this file.", ""]
     lines += _steps(records)
-    sections = {"install": _install, "tests": _tests, "profile": _profile, "graphs": _graphs,
-                "bench": _bench, "serve": _serve, "energy": _energy}
+    lines += done.done_when(records, served_ratios(records.get("serve") or {}))
+    sections = {"install": _install, "smoke": _smoke, "tests": _tests, "profile": _profile,
+                "graphs": _graphs, "bench": _bench, "serve": _serve, "energy": _energy}
     for step, render in sections.items():
         if step in records:
             try:
                 lines += render(records[step])
             except (KeyError, TypeError, ValueError) as exc:  # a partial record: say so, go on
                 lines += [f"## {step}", "", f"(the record could not be summarised: {exc!r})", ""]
-    path = out / "summary.md"
+    path = out / name
     path.write_text("\n".join(lines))
     return path

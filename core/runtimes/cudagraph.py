@@ -8,27 +8,33 @@ its own (their addresses change from call to call), so a call copies the input i
 graph's static input, replays, and copies the static output into a buffer allocated for the
 walk: the walk's accounting of activations holds for graph runs as for any other runtime.
 
-Memory. Every graph of a model captures into one private memory pool and reads and writes
-one static input and one static output buffer (views of two flat buffers, large enough for
-the largest run captured). Nothing allocated inside the pool outlives its capture (the
-output is copied into the static buffer inside the graph), so the pool holds only
-intermediates, which any later capture may reuse: replays on one stream, one at a time
-(``_lock``), never meet, in any order. A capture names the pool only while a graph captured
-into it lives (the allocator asserts ``use_count > 0`` on a pool whose graphs are all gone):
-when the graphs are given back (larger static buffers, no room), the next capture starts a
-new pool. The pool's segments and the static buffers are what the runtime keeps
-(``held_bytes``); the pool's part of the allocator's cache is not free for
-plans (``cached_bytes``, taken off the worker's reading of free memory). They are measured
-after every capture from the allocator's own segments. A graph is captured when the worker
-prepares a table (the runs its plans use), else on its first call, when memory allows
-(``RuntimeOptions.room``): all graphs are given back together (one pool) when it does not,
-and the call is an out-of-memory error the worker answers with a smaller plan.
+Memory. Every graph of a model captures into one private pool and reads and writes one static
+input and one static output buffer (views of two flat buffers, large enough for the largest
+run captured). Nothing allocated in the pool outlives its capture (the output is copied into
+the static buffer inside the graph; a capture that leaves a tensor alive there is refused),
+so the pool holds only intermediates, which any later capture may reuse: replays on one
+stream, one at a time (``_lock``), never meet.
+
+PyTorch's allocator lets a capture name a pool only while a graph captured into it lives
+(``use_count > 0``); a pool whose graphs are gone leaves its table only once ``empty_cache``
+has given all its memory back, with expandable segments maybe never. So the graphs are given
+back together with their pool (larger static buffers, no room, a refused capture), the next
+capture starts a new pool, and the old one goes back at once (``gc.collect``,
+``empty_cache``) unless a caller still holds one of its graphs. What the runtime keeps
+(``held_bytes``) is the live pool's segments and the static buffers, measured after every
+capture from the allocator's segments; no reading of free memory counts a pool's bytes as
+free (``workers.memory``), so ``cached_bytes``, the pool's free part, is a report only.
+A graph is captured when the worker prepares a table (the runs its plans use), else on its
+first call, when memory allows (``RuntimeOptions.room``): all graphs are given back together
+(one pool) when it does not, and the call is an out-of-memory error the worker answers with
+a smaller plan.
 """
 
 from __future__ import annotations
 
 import gc
 import threading
+import traceback
 from collections.abc import Callable
 
 import torch
@@ -173,18 +179,18 @@ class GraphUnits:
 
     @property
     def cached_bytes(self) -> int:
-        """The pool's segments no live tensor uses: cached, but only for these graphs."""
+        """The pool's segments no live tensor uses: cached, but only for these graphs (a
+        report: no reading of free memory counts a pool's bytes as free)."""
         return max(0, self._pool_reserved - self._pool_allocated)
+
+    def give_back(self) -> None:
+        return None  # its pool is its graphs' while they live; the rest is the device cache's
 
     def release(self) -> None:
         """Give back every graph, the pool and the static buffers."""
         with self._lock:
-            self._graphs.clear()
-            self._pool = None  # its graphs are gone: never named again (see _record)
             self._in = self._out = torch.empty(0, dtype=torch.uint8, device=self.device)
-            self._pool_reserved = self._pool_allocated = 0
-            gc.collect()
-            torch.cuda.empty_cache()
+            self._drop_graphs()
 
     # ------------------------------------------------------------------ capture
 
@@ -204,15 +210,25 @@ class GraphUnits:
             y = _view(self._out, self.dtype, samples, after)
             graph, inner = self._record(nodes, x, y)
         except torch.cuda.OutOfMemoryError as exc:
+            _forget(exc)
             raise OutOfMemoryError(f"{self.capture.model.spec.name}: capturing "
                                    f"{nodes[0].name}..{nodes[-1].name} on {samples} samples as a "
                                    f"CUDA graph ran out of memory: {str(exc).splitlines()[0]}"
                                    ) from exc
         except RuntimeError as exc:
+            _forget(exc)
             raise ExecutionError(f"{self.capture.model.spec.name}: {nodes[0].name}.."
                                  f"{nodes[-1].name} cannot be captured as a CUDA graph: "
                                  f"{str(exc).splitlines()[0]}") from exc
         self._measure()
+        left = self._pool_allocated
+        if left:  # the pool holds a tensor its capture made: no later capture may share it
+            del graph
+            self._drop_graphs()
+            raise ExecutionError(f"{self.capture.model.spec.name}: {nodes[0].name}.."
+                                 f"{nodes[-1].name} on {samples} samples is not kept as a CUDA "
+                                 f"graph: {left} bytes allocated inside its capture are still "
+                                 "alive after it (a unit keeps a tensor it made)")
         return Captured(graph, x, y, inner)
 
     def _record(self, nodes: tuple[Node, ...], x: torch.Tensor, y: torch.Tensor
@@ -223,9 +239,8 @@ class GraphUnits:
         if self._stream is None:
             self._stream = torch.cuda.Stream(self.device)
         if self._pool is None or not self._graphs:
-            # A pool is shared only with graphs alive in it. With none left, the allocator
-            # keeps its entry until it counts all its memory given back (with expandable
-            # segments it may never), and a capture naming it fails use_count > 0.
+            # A pool is shared only with graphs alive in it (a failed capture's graph is not
+            # kept): a capture naming one whose graphs are gone fails use_count > 0.
             self._pool = torch.cuda.graph_pool_handle()
         x.zero_()
         stream = self._stream
@@ -251,14 +266,21 @@ class GraphUnits:
 
     def _grow(self, in_bytes: int, out_bytes: int) -> None:
         """Static buffers for a larger run: the graphs captured read the old ones, so they
-        are given back first (and captured again when they next run)."""
-        self._graphs.clear()
-        self._pool = None  # its graphs are gone: the next capture starts a new one
-        self._pool_reserved = self._pool_allocated = 0
+        are given back first, their pool with them (and captured again when they next run)."""
         self._in = self._out = torch.empty(0, dtype=torch.uint8, device=self.device)
-        gc.collect()
+        self._drop_graphs()
         self._in = torch.empty(max(in_bytes, 1), dtype=torch.uint8, device=self.device)
         self._out = torch.empty(max(out_bytes, 1), dtype=torch.uint8, device=self.device)
+
+    def _drop_graphs(self) -> None:
+        """Give back every graph and their pool: the next capture starts a new one, and the
+        old one goes back to the device now, unless a caller still holds one of its graphs
+        (then at a later ``empty_cache``: a capture's, the device cache's trims)."""
+        self._graphs.clear()
+        self._pool = None
+        self._pool_reserved = self._pool_allocated = 0
+        gc.collect()
+        torch.cuda.empty_cache()
 
     def _measure(self) -> None:
         """The pool's size and what of it live tensors use, from the allocator's segments."""
@@ -285,6 +307,13 @@ class GraphUnits:
                 f"{self.capture.model.spec.name}: the CUDA graph of {nodes[0].name}.."
                 f"{nodes[-1].name} on {samples} samples needs about {need} bytes and {free} "
                 "are free: a smaller plan, or more memory")
+
+
+def _forget(exc: BaseException) -> None:
+    """Drop what a failed capture's frames hold (its graph, the tensors made before the
+    error): the error keeps its message, and the pool nothing of the capture, even while the
+    caller keeps the error."""
+    traceback.clear_frames(exc.__traceback__)
 
 
 def _count(shape: tuple[int, ...]) -> int:

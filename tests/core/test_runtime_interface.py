@@ -98,28 +98,6 @@ def test_the_executor_reaches_a_runtime_only_through_what_the_worker_loaded(cap)
     assert worker.runtimes == {} and worker.held_bytes == 0
 
 
-def test_what_a_runtime_keeps_of_a_device_cache_is_not_free_for_plans():
-    """A CUDA graph's pool is cached by the allocator but no plan can use it: the reading of a
-    CUDA device takes it off (here the device's reading is a given source: no CUDA call)."""
-    reading = [10_000]
-    probe = MemoryProbe("cuda", source=lambda: reading[0])
-    pool = [3_000]
-
-    class Graphs:  # the one figure the probe reads of a runtime
-        cached_bytes = property(lambda self: pool[0])
-
-    graphs = Graphs()
-    probe.keep(graphs, lambda: graphs.cached_bytes)
-    assert probe.device_free() == 7_000
-    pool[0] = 12_000
-    assert probe.device_free() == 0
-    probe.drop(graphs)
-    assert probe.device_free() == 10_000
-    cpu = MemoryProbe("cpu", source=lambda: reading[0])
-    cpu.keep(graphs, lambda: graphs.cached_bytes)  # the CPU has no device cache
-    assert cpu.device_free() == 10_000
-
-
 def test_a_call_whose_host_issue_is_longer_than_its_device_work_costs_the_issue():
     cost = CallCost(call_s=(1.0, 1.0), byte_s=(0.0, 0.5), host_s=(5.0, 2.0))
     assert cost.total(1, 0, 0, [1.0, 2.0]) == 5.0       # the host's issue: 5 > 1 + 3

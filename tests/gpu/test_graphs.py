@@ -27,6 +27,7 @@ from planner.profiling.profiler import ProfileOptions, measure
 from planner.solver.tables import build_table
 from tests.gpu.conftest import cuda_only
 from workers.executor import execute
+from workers.device_cache import LARGE_PAGE, allocator_cache
 from workers.memory import MemoryProbe, release_cached
 from workers.worker import Worker
 
@@ -55,7 +56,6 @@ def test_a_graph_replays_the_model_and_its_pool_is_kept_not_free(device: str, dt
     cuda_only(device, "capturing and replaying a CUDA graph")
     probe = MemoryProbe(device)
     graphs = rt.load(rt.CUDAGRAPH, cap, RuntimeOptions(room=probe.device_free))
-    probe.keep(graphs, lambda: graphs.cached_bytes)
     with torch.inference_mode():
         want = cap.model.module(x)
         graphs.prepare(nodes, 4)
@@ -72,14 +72,15 @@ def test_a_graph_replays_the_model_and_its_pool_is_kept_not_free(device: str, dt
         again = graphs.call(nodes, cap.model.example(4, seed=2), 4)  # new input, same graph
         _close(again, cap.model.module(cap.model.example(4, seed=2)), device)
     assert graphs.graphs == 1
-    # the pool's free blocks are the graphs': the reading leaves them out
+    # the pool's free blocks are the graphs': the reading leaves them out until the pool
+    # goes back with them (the reading counts the driver in whole large pages)
     release_cached(device)
-    kept = graphs.cached_bytes
+    pool = graphs.cached_bytes
+    assert pool > 0 and allocator_cache(device).pools >= pool  # kept, and free to no plan
     without = probe.device_free()
-    probe.drop(graphs)
-    assert probe.device_free() - without == pytest.approx(kept, abs=8 << 20)
     graphs.release()
     assert graphs.graphs == 0 and graphs.held_bytes == 0
+    assert probe.device_free() - without >= pool - LARGE_PAGE
 
 
 def test_graphs_given_back_for_larger_buffers_are_captured_again_in_a_new_pool(device: str
