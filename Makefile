@@ -1,6 +1,6 @@
 # Two commands on a fresh machine:  `make run` (set up, then serve a model on CPU)
-# and `make test` (set up, then the whole test suite, then the service and store tests against
-# the lowest allowed releases, then the GPU run rehearsed on the CPU). Everything they need is
+# and `make test` (set up, then the whole test suite, the service and store tests against the
+# lowest allowed releases and the GPU run rehearsed on the CPU). Everything they need is
 # installed here. `make gpu` is the GPU run itself (docs/gpu.md).
 PYTHON ?= python3
 VENV   ?= .venv
@@ -15,7 +15,7 @@ PORT   ?= 8000
 LOWEST  ?= .venv-lowest
 LOWEST_STAMP = $(LOWEST)/.installed
 LOWEST_TESTS = tests/planner/test_store_contract.py tests/planner/test_store_errors.py \
-               tests/planner/test_corrupt_data.py tests/service \
+               tests/planner/test_corrupt_data.py tests/service tests/loadgen \
                --deselect tests/service/test_shutdown.py \
                --deselect tests/service/test_memory_limit.py
 
@@ -31,7 +31,17 @@ GPU_DEADLINE_S ?= 540
 GPU_PY_VERSION ?= 3.12
 HERE_PY_VERSION = $$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 
-.PHONY: run test test-lowest setup redis-server chromium clean gpu gpu-wheels
+.PHONY: run test test-compute test-service test-lowest gpu-rehearsal setup redis-server \
+        chromium clean gpu gpu-wheels
+
+# The suite in two halves. What computes (models profiled, planned and run, each test's thread
+# pools on both cores) runs alone, one test at a time: two such tests side by side, ONNX
+# Runtime's threads spinning against each other's, take twice as long together as one after
+# the other. What mostly waits (servers, sockets, a browser, cgroups: the service, the load
+# generator, the page, the deployment) runs after it, beside the lowest releases' run and the
+# GPU rehearsal, lighter suites of the same kind (`make -j3`). A new folder of tests is in the
+# first half unless it is named here.
+WAITING_TESTS = tests/service tests/loadgen tests/ui tests/deploy
 
 # setup.py and the .proto: the build compiles the gRPC protocol's modules from them
 $(STAMP): pyproject.toml setup.py service/oip/grpc_predict_v2.proto
@@ -71,8 +81,16 @@ test-lowest: $(LOWEST_STAMP) redis-server
 	$(LOWEST)/bin/python -m pytest -q -p no:cacheprovider $(LOWEST_TESTS)
 
 test: $(STAMP) redis-server chromium
-	$(BIN)/pytest -q
-	$(MAKE) --no-print-directory test-lowest
+	$(MAKE) --no-print-directory test-compute
+	$(MAKE) --no-print-directory -j3 --output-sync=target test-service test-lowest gpu-rehearsal
+
+test-compute: $(STAMP)
+	$(BIN)/pytest -q $(addprefix --ignore=,$(WAITING_TESTS))
+
+test-service: $(STAMP) redis-server chromium
+	$(BIN)/pytest -q -p no:cacheprovider $(WAITING_TESTS)
+
+gpu-rehearsal: $(STAMP)
 	$(MAKE) --no-print-directory gpu DEVICE=cpu QUICK=1
 
 # The wheels the GPU machine's image lacks, pinned (bench/gpu/wheels.txt), for its Python 3.12:

@@ -12,9 +12,7 @@ lines about them (docs/benchmarks.md, section 12).
 from __future__ import annotations
 
 import argparse
-import io
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -24,7 +22,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+from served import ROOT, npy, stop, wait_until
+
 KEPT = ("ready in", "interim", "planned in", "swapped in", "beside", "Error", "error")
 
 
@@ -41,9 +40,7 @@ def main() -> None:
     cmd = ["make", "-C", str(ROOT), "run", f"PORT={args.port}", f"MODEL={args.model}",
            f"FIRST_START={args.first_start}"]
     shape = tuple(int(d) for d in args.shape.split(","))
-    buf = io.BytesIO()
-    np.save(buf, np.random.default_rng(0).standard_normal((1, *shape)).astype(np.float32))
-    body = buf.getvalue()
+    body = npy(np.random.default_rng(0).standard_normal((1, *shape)).astype(np.float32))
     started = time.monotonic()
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -53,19 +50,17 @@ def main() -> None:
     def infer() -> httpx.Response:
         return client.post("/infer", content=body, headers={"content-type": "application/x-npy"})
 
+    answers: list[httpx.Response] = []
+
+    def is_answered() -> bool:
+        answers.append(infer())
+        return answers[-1].status_code == 200
+
     try:
-        first = None
-        while first is None:
-            if proc.poll() is not None:
-                sys.exit(f"the server exited {proc.returncode}: see {log_path}")
-            try:
-                answer = infer()
-                if answer.status_code == 200:
-                    first = time.monotonic() - started
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        why = wait_until(is_answered, proc, poll_s=0.2)
+        if why:
+            sys.exit(f"the server {why}: see {log_path}")
+        first, answer = time.monotonic() - started, answers[-1]
         model = client.get("/models").json()["models"][0]
         print(f"first /infer answered {first:.1f} s after `make run` started: table "
               f"v{answer.json()['table_version']} ({model['table']['kind']}, "
@@ -81,8 +76,7 @@ def main() -> None:
               f", {model['table']['solver']}, {model['table']['plans']} plans); {answered} "
               f"requests answered meanwhile, {failed} not", flush=True)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
+        stop(proc)
     for line in log_path.read_text(errors="replace").splitlines():
         if any(k in line for k in KEPT):
             print("  " + line[:300])

@@ -16,7 +16,7 @@ import asyncio
 import os
 import statistics
 
-from service.loadtest import run_loadtest
+from loadgen.loadtest import run_loadtest
 from served import vbs_serve
 
 

@@ -28,13 +28,12 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 
-from served import ROOT, free_port, stat_cpu, vbs_serve
+from served import ROOT, free_port, stat_cpu, stop, vbs_serve, wait_until
 
 
 def front_cpu_seconds(pid: int) -> float:
@@ -88,18 +87,18 @@ def echo(port: int, shape: tuple[int, ...], out: tuple[int, ...]) -> None:
 
 def wait_listening(port: int, process: subprocess.Popen[bytes]) -> None:
     """Return once something accepts on 127.0.0.1:``port``; SystemExit if ``process`` ends."""
-    while True:
+    def accepts() -> bool:
         with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        if process.poll() is not None:
-            raise SystemExit(f"the echo server exited with {process.returncode}")
-        time.sleep(0.2)
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    why = wait_until(accepts, process, poll_s=0.2)
+    if why:
+        raise SystemExit(f"the echo server {why}")
 
 
 def load(pid: int, target: str, model: str, clients: int, args: argparse.Namespace) -> dict:
     """One load test on ``target``, with the front CPU per request of process ``pid``."""
-    from service.loadtest_grpc import run_grpc_loadtest
+    from loadgen.loadtest_grpc import run_grpc_loadtest
 
     asyncio.run(run_grpc_loadtest(target, model, clients=clients, duration_s=args.warmup))
     cpu0 = front_cpu_seconds(pid)
@@ -169,7 +168,7 @@ def main() -> None:
                             s = load(pid, f"127.0.0.1:{port}", args.model, clients, args)
                             print(row(name, clients, k, s), flush=True)
             finally:
-                echo_server.terminate()
+                stop(echo_server)
 
 
 if __name__ == "__main__":

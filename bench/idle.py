@@ -15,7 +15,6 @@ it is printed beside, for scale.
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import time
 from pathlib import Path
@@ -23,18 +22,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from served import stat_cpu, vbs_serve
+from served import npy, stat_cpu, vbs_serve
 
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process ``pid``, all its threads."""
     return stat_cpu(f"/proc/{pid}/stat")[1]
-
-
-def _npy(x: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, x)
-    return buffer.getvalue()
 
 
 def main() -> None:
@@ -61,8 +54,8 @@ def main() -> None:
         serve_args += ["--model", name]
     env = {**os.environ, "VBS_CACHE_DIR": args.cache_dir, "VBS_THREADS": str(args.threads)}
     rng = np.random.default_rng(0)
-    bodies = {(name, n): _npy(rng.standard_normal((n, *load_model(ModelSpec(name)).input_shape),
-                                                  dtype=np.float32))
+    bodies = {(name, n): npy(rng.standard_normal((n, *load_model(ModelSpec(name)).input_shape),
+                                                 dtype=np.float32))
               for name in names for n in sorted({1, args.batch_max})}
     with vbs_serve(serve_args, env=env) as (server, url), \
             httpx.Client(base_url=url, timeout=300) as client:

@@ -38,17 +38,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from served import ROOT, vbs_serve
+from served import ROOT, npy, vbs_serve
 
 MODELS = "mobilenet_v2,resnet50,mnasnet0_5,mobilenet_v3_large"
 COLUMNS = ("vbs-serve infer_s", "onnxruntime", "onnxruntime, calls paced as served",
            "onnxruntime, sleeping", "torch eager")
-
-
-def _npy(x: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, x)
-    return buffer.getvalue()
 
 
 def _onnx_sessions(model: object, shape: tuple[int, ...], threads: int) -> list[object]:
@@ -120,7 +114,7 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[tuple[str, int], li
             httpx.Client(base_url=url, timeout=300) as client, torch.inference_mode():
         rng = np.random.default_rng(0)
         inputs = {n: rng.standard_normal((n, *shape), dtype=np.float32) for n in sizes}
-        bodies = {n: _npy(x) for n, x in inputs.items()}
+        bodies = {n: npy(x) for n, x in inputs.items()}
 
         pauses: list[float] = []  # each request's time outside the model, as its client saw it
 

@@ -29,16 +29,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from service.loadtest import request_body  # noqa: E402
+from loadgen.loadtest import request_body  # noqa: E402
+from served import free_port, stop, wait_until  # noqa: E402
+
 MiB = 2**20
-
-
-def _port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _status(pid: int, key: str) -> int:
@@ -64,7 +58,7 @@ def plan(model: str, shape: str, batch_max: int, store: Path, cache: Path) -> fl
 
 def serve_once(model: str, shape: str, batch_max: int, store: Path, cache: Path, lean: bool,
                requests: int) -> dict[str, object]:
-    port = _port()
+    port = free_port()
     env = {**os.environ, "VBS_CACHE_DIR": str(cache), "VBS_LEAN": "on" if lean else "off",
            "PYTHONPATH": str(ROOT)}
     dims = tuple(int(d) for d in shape.split(","))
@@ -77,19 +71,12 @@ def serve_once(model: str, shape: str, batch_max: int, store: Path, cache: Path,
     rng = np.random.default_rng(0)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
-            first = None
-            while first is None:
-                if server.poll() is not None:
-                    raise RuntimeError(f"{model}: the server exited: "
-                                       f"{server.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
-                try:
-                    answer = _post(client, rng.standard_normal((1, *dims), dtype=np.float32))
-                    if answer.status_code == 200:
-                        first = time.perf_counter() - t0
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.1)
+            why = wait_until(lambda: _post(client, rng.standard_normal(
+                (1, *dims), dtype=np.float32)).status_code == 200, server, poll_s=0.1)
+            if why:
+                raise RuntimeError(f"{model}: the server {why}: "
+                                   f"{server.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+            first = time.perf_counter() - t0
             for i in range(requests):
                 n = 1 + i % batch_max
                 answer = _post(client, rng.standard_normal((n, *dims), dtype=np.float32))
@@ -97,8 +84,7 @@ def serve_once(model: str, shape: str, batch_max: int, store: Path, cache: Path,
             described = client.get("/models").json()["models"][0]
             rss, anon = _status(server.pid, "VmRSS"), _status(server.pid, "RssAnon")
     finally:
-        server.terminate()
-        server.wait(timeout=60)
+        stop(server)
     return {"model": model, "worker": "lean (no torch)" if lean else "torch", "ready_s": first,
             "rss": rss, "anon": anon, "kept": described.get("kept_bytes") or 0}
 

@@ -8,14 +8,14 @@
 `vbs serve` (its own process, pinned to ``--server-cpu`` with ``sched_setaffinity`` before it
 starts, one torch thread, ``--runtime torch``) serves ``tests.planner.factories:two_layer`` at
 3x8x8 (two small convolutions: its model time is negligible) with batches up to 8, over HTTP and
-gRPC. The load (``service.loadgen``: ``--processes`` client processes, by default one for each
+gRPC. The load (``loadgen.processes``: ``--processes`` client processes, by default one for each
 of ``--client-cpus``, pinned to them; over HTTP the OIP v2 binary tensor extension, over gRPC
 raw tensor bytes, both encoded once) runs per protocol: the closed loop at ``--concurrency``
 requests in flight (twice the largest batch), then the open loop at each of ``--rates`` (Poisson
 arrivals) upward, stopping after the first rate that was not kept (answered or sent below 90% of
 the offered rate, or any error). Printed: a markdown table, one row per run: the rate offered,
 the rate the clients achieved (requests sent a second), answered a second, latency p50 / p99,
-the arrivals sent late (``service.loadgen.LATE_S``; and how many waited for a free HTTP
+the arrivals sent late (``loadgen.processes.LATE_S``; and how many waited for a free HTTP
 connection), errors by status, the clients' CPU (all their processes, ``getrusage``) per
 request and in cores, and the server's (``/proc/PID/stat``, user + system) over the same window.
 """
@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from served import free_port, stat_cpu, vbs_serve
-from service.loadgen import configure, parse_cpus, run_load
+from loadgen.processes import configure, parse_cpus, run_load
 
 MODEL = "tiny=tests.planner.factories:two_layer@3x8x8"
 BATCH_MAX = 8

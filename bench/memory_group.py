@@ -3,8 +3,6 @@ memory-limit bench puts each server in one, the cgroup test one `vbs serve`. Roo
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -38,6 +36,11 @@ class MemoryGroup:
         except OSError as exc:
             raise NoGroup(f"cannot create a memory cgroup at {path}: {exc}") from exc
         return cls(path, version)
+
+    def command(self, cmd: list[str]) -> list[str]:
+        """``cmd`` started inside this group: a shell joins it, then becomes ``cmd``, so that
+        the server and every process it starts count in the group from the first byte."""
+        return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(self.path), *cmd]
 
     def _read(self, name: str) -> int:
         return int((self.path / name).read_text())
@@ -81,17 +84,3 @@ class MemoryGroup:
                 return
             except OSError:
                 time.sleep(0.1)
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    """Stop a server started in a session of its own (``start_new_session``): SIGTERM to its
-    process group, SIGKILL after a minute."""
-    try:
-        os.killpg(process.pid, 15)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, 9)
-        process.wait(timeout=30)

@@ -59,24 +59,16 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from core.sizes import parse_bytes  # noqa: E402
-from service.loadtest import request_body  # noqa: E402
-from memory_group import MemoryGroup, NoGroup, stop  # noqa: E402
+from loadgen.loadtest import request_body  # noqa: E402
+from memory_group import MemoryGroup, NoGroup  # noqa: E402
+from served import free_port, stop, wait_until  # noqa: E402
 
 MiB = 2**20
-
-
-def _port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(config: str, args: argparse.Namespace, group: MemoryGroup, port: int,
           log: Path) -> tuple[subprocess.Popen[bytes], str, str, int]:
     """One server inside ``group``: (process, path, format, largest request it takes)."""
-    join = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group.path)]
     env = {**os.environ, "VBS_CACHE_DIR": args.cache_dir, "PYTHONPATH": str(ROOT),
            "VBS_REQUEST_TIMEOUT_S": str(args.timeout)}  # as long as its clients wait
     config, _, own = config.partition(":")
@@ -102,11 +94,11 @@ def start(config: str, args: argparse.Namespace, group: MemoryGroup, port: int,
     else:
         batch = int(config.rsplit("-", 1)[1])
         cmd = [sys.executable, str(ROOT / "bench" / "peers.py"), "serve-triton", "--model",
-               args.model, "--port", str(port), "--grpc-port", str(_port()), "--batch",
+               args.model, "--port", str(port), "--grpc-port", str(free_port()), "--batch",
                str(batch), "--wait", str(args.triton_wait), "--threads", str(args.threads),
                "--runtime", "ort", "--onnx", str(args.onnx), "--shape", shape]
         path, fmt, most = f"/v2/models/{args.model}/infer", "oip", batch
-    process = subprocess.Popen([*join, *cmd], env=env, stdout=subprocess.DEVNULL,
+    process = subprocess.Popen(group.command(cmd), env=env, stdout=subprocess.DEVNULL,
                                stderr=log.open("wb"), start_new_session=True)
     return process, path, fmt, most
 
@@ -115,19 +107,10 @@ def wait_answering(url: str, fmt: str, shape: tuple[int, ...], process: subproce
                    timeout_s: float) -> str | None:
     """None once the server answers a one-sample request; else why not."""
     body, headers, files = request_body(np.zeros((1, *shape), np.float32), fmt)
-    deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=60) as client:
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                return f"exited {process.returncode} while starting"
-            try:
-                if client.post(url, content=body or None, headers=headers,
-                               files=files).status_code == 200:
-                    return None
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-    return f"not answering within {timeout_s:g} s"
+        return wait_until(lambda: client.post(url, content=body or None, headers=headers,
+                                              files=files).status_code == 200,
+                          process, timeout_s, until="answering")
 
 
 def plan_sizes(args: argparse.Namespace) -> list[list[list[int]]]:
@@ -201,7 +184,7 @@ def run_config(config: str, limit: int, args: argparse.Namespace,
     except NoGroup as exc:
         raise SystemExit(f"this bench needs a memory cgroup (root): {exc}") from exc
     group.set_limit(limit)
-    port = _port()
+    port = free_port()
     log = Path(args.work) / f"{group.path.name}.log"
     process, path, fmt, most = start(config, args, group, port, log)
     row: dict[str, Any] = {"server": config, "limit_bytes": limit, "cgroup": group.version}

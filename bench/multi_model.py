@@ -48,7 +48,7 @@ from planner.settings import split_model_entry
 from service.settings import Settings
 from core.sizes import format_bytes, parse_bytes
 from planner.store import open_store
-from service.loadtest import run_loadtest
+from loadgen.loadtest import run_loadtest
 from served import vbs_serve
 from workers.shares import Want, demand_level, divide, time_per_sample
 

@@ -6,7 +6,7 @@ Draws random chains (1-5 units, B <= 5, sizes 0-3 bytes per sample, workspaces 0
 times 1-10, a request size r <= B and a budget between "one sample through the hungriest
 unit" minus one and "all r at once", the distribution of ``tests/planner/test_solver_oracle.py``)
 until ``--count`` of them are feasible (the oracle finds a schedule), with slots of 1 byte so
-every comparison is exact. The oracle (``tests/planner/oracle.py``: Dijkstra over the states
+every comparison is exact. The oracle (``planner/solver/oracle.py``: Dijkstra over the states
 "samples waiting at each boundary") gives the best sequential schedule; the paper's DP and
 vbs are solved for the same instance. Prints, per solver, instances where it is slower than the
 optimum (a miss), where it finds no schedule at all, and the largest relative excess.
@@ -19,19 +19,15 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.planner.oracle
-
-from core.errors import InfeasibleError  # noqa: E402
-from planner.solver.solve import solve  # noqa: E402
-from planner.solver.synthetic import with_runtime  # noqa: E402
-from core.tree import Profile  # noqa: E402
-from tests.planner.oracle import chain_profile, oracle  # noqa: E402
+from core.errors import InfeasibleError
+from core.tree import Profile
+from planner.solver.oracle import chain_profile, oracle
+from planner.solver.solve import solve
+from planner.solver.synthetic import with_runtime
 
 SOLVERS = ("paper", "vbs")
 TOL = 1e-9

@@ -4,7 +4,7 @@
                              [--trees DIR,DIR...]
 
 `vbs serve` (its own process, the tables of ``vbs plan``, defaults otherwise) and one client
-sending one-sample ``.npy`` requests one after another (``service.loadtest``), as a new user
+sending one-sample ``.npy`` requests one after another (``loadgen.loadtest``), as a new user
 of `make run` would. Per round: the medians of the breakdown the responses report (queue,
 compute input, compute infer, compute output), the server's own median and mean of the rest
 (``vbs_server_overhead_seconds``: HTTP parsing, routing, handing over between threads), the
@@ -38,8 +38,8 @@ from pathlib import Path
 
 import httpx
 
-from service.loadtest import run_loadtest
-from service.loadtest_grpc import run_grpc_loadtest
+from loadgen.loadtest import run_loadtest
+from loadgen.loadtest_grpc import run_grpc_loadtest
 from served import add_trees_argument, free_port, interleaved, vbs_serve
 
 

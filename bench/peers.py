@@ -14,7 +14,7 @@ core), in its own processes on this machine, bound to 127.0.0.1, one server at a
 peers run the same weights exported once per run (TorchScript exporter, opset 17, a dynamic
 batch dimension) on ONNX Runtime's CPU provider, its idle threads not spinning (they would take
 the cores from the server's own processes; ``--ort-spin`` for ONNX Runtime's default). Every
-configuration is loaded by the same load generator (``service.loadtest``: C concurrent clients,
+configuration is loaded by the same load generator (``loadgen.loadtest``: C concurrent clients,
 one sample per request, the same sample values, a warm-up, then a fixed duration). B is the
 peer's largest batch, tried for each of ``--batch-sizes`` (the tuning):
 
@@ -37,7 +37,7 @@ peer's largest batch, tried for each of ``--batch-sizes`` (the tuning):
   Runtime in its defaults, as users run it: its intra-op threads spin while idle.
 
 With ``--protocol grpc`` the same clients call the Open Inference Protocol's ``ModelInfer``
-over gRPC instead (``service.loadtest_grpc``: the sample as raw tensor bytes, as Triton's
+over gRPC instead (``loadgen.loadtest_grpc``: the sample as raw tensor bytes, as Triton's
 perf_analyzer sends it), on the servers that speak it: vbs-serve and Triton; Ray Serve and
 LitServe have no OIP gRPC endpoint and are left out.
 
@@ -54,7 +54,6 @@ import asyncio
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -67,18 +66,13 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from peers_models import export_onnx, runner, torch_model  # noqa: E402 (bench/, this one's)
+from served import free_port, stop, wait_ready, wait_until  # noqa: E402
 
 # a configuration's name without its batch size -> the server and what runs the model
 FAMILIES = {"ray": ("ray", "torch"), "lit": ("lit", "torch"), "lit-ort": ("lit", "ort"),
             "lit-ort-spin": ("lit", "ort-spin"), "triton-ort": ("triton", "ort"),
             "triton-ort-spin": ("triton", "ort-spin"), "triton-torch": ("triton", "torch")}
 GRPC = {"vbs", "triton"}  # the servers that speak OIP v2 over gRPC
-
-
-def _port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _rows(y: Any) -> list[bytes]:
@@ -180,52 +174,25 @@ def serve_triton(model: str, ports: tuple[int, int], batch: int, wait_s: float, 
     """Triton on ``ports`` (HTTP, gRPC), its metrics on a free port, all on 127.0.0.1."""
     from peers_triton import serve
 
-    serve(model, shape, runtime, (*ports, _port()), batch, wait_s, threads, onnx, spin)
+    serve(model, shape, runtime, (*ports, free_port()), batch, wait_s, threads, onnx, spin)
 
 
 # -- the orchestration ---------------------------------------------------------------------
 
 
-def _wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=5) as client:
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise SystemExit(f"a server exited with {process.returncode} before it was ready")
-            try:
-                if client.get(url).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-    raise SystemExit(f"{url} not ready within {timeout_s} s")
-
-
 def _wait_answering(url: str, fmt: str, model: str, process: subprocess.Popen[bytes],
-                    timeout_s: float = 300) -> None:
+                    timeout_s: float = 300) -> str | None:
     """Until a peer answers one inference (its health check says little about its model), with
-    a request in the format the load test will send."""
+    a request in the format the load test will send; else why not."""
     import numpy as np
 
-    from service.loadtest import request_body
+    from loadgen.loadtest import request_body
 
     body, headers, files = request_body(np.zeros((1, *_model_shape(model)), np.float32), fmt)
-    deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=60) as client:
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise SystemExit(f"a server exited with {process.returncode} before it was ready")
-            try:
-                if files is None:
-                    r = client.post(url, content=body, headers=headers)
-                else:
-                    r = client.post(url, files=files)
-                if r.status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-    raise SystemExit(f"{url} did not answer within {timeout_s} s")
+        return wait_until(lambda: (client.post(url, content=body, headers=headers)
+                                   if files is None else client.post(url, files=files)
+                                   ).status_code == 200, process, timeout_s)
 
 
 def start(kind: str, args: argparse.Namespace, port: int, grpc_port: int
@@ -239,11 +206,11 @@ def start(kind: str, args: argparse.Namespace, port: int, grpc_port: int
             [str(vbs), "serve", "--grpc-port", str(grpc_port), "--model", args.model, "--store",
              args.store, "--batch-max", str(args.batch_max), "--port", str(port),
              "--log-level", "warning"], env=env)
-        try:  # the first start plans the model: minutes on a busy machine
-            _wait_ready(f"http://127.0.0.1:{port}/v2/health/ready", process, args.start_timeout)
-        except SystemExit:  # not left running behind the bench
-            stop(process)
-            raise
+        # the first start plans the model: minutes on a busy machine
+        why = wait_ready(f"http://127.0.0.1:{port}/v2/health/ready", process, args.start_timeout)
+        if why:
+            stop(process)  # not left running behind the bench
+            raise SystemExit(f"vbs serve {why}")
         return process, "/infer", "npy"
     peer, runtime, batch = parse_config(kind)
     spin = args.ort_spin or runtime.endswith("-spin")  # ONNX Runtime as users run it
@@ -252,18 +219,17 @@ def start(kind: str, args: argparse.Namespace, port: int, grpc_port: int
     onnx = str(onnx_path(args)) if runtime == "ort" else ""
     process = subprocess.Popen(
         [sys.executable, __file__, f"serve-{peer}", "--model", args.model, "--port", str(port),
-         "--grpc-port", str(grpc_port or _port()), "--batch", str(batch), "--wait", str(wait), "--threads", str(args.threads),
+         "--grpc-port", str(grpc_port or free_port()), "--batch", str(batch), "--wait", str(wait), "--threads", str(args.threads),
          "--runtime", runtime, "--onnx", onnx, "--shape", ",".join(map(str, args.shape)),
          *(["--spin"] if spin else [])],
         env=env, start_new_session=True)
     path, fmt = {"ray": ("/predict", "npy"), "lit": ("/predict", "npy-form"),
                  "triton": (f"/v2/models/{args.model}/infer", "oip")}[peer]
-    try:
-        _wait_answering(f"http://127.0.0.1:{port}{path}", fmt, args.model, process,
-                        args.start_timeout)
-    except SystemExit:
+    why = _wait_answering(f"http://127.0.0.1:{port}{path}", fmt, args.model, process,
+                          args.start_timeout)
+    if why:
         stop(process)
-        raise
+        raise SystemExit(f"{kind} {why}")
     return process, path, fmt
 
 
@@ -286,18 +252,6 @@ def onnx_path(args: argparse.Namespace) -> Path:
     if not path.exists():
         export_onnx(args.model, args.shape, path)
     return path
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(process.pid, 15)  # the peers start helper processes of their own
-    except (ProcessLookupError, PermissionError):
-        process.terminate()
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, 9)
-        process.wait(timeout=30)
 
 
 def main() -> None:
@@ -360,8 +314,8 @@ def main() -> None:
 
 def bench(args: argparse.Namespace) -> None:
     """Every configuration, every round, every client count; the table and the summary."""
-    from service.loadtest import run_loadtest
-    from service.loadtest_grpc import run_grpc_loadtest
+    from loadgen.loadtest import run_loadtest
+    from loadgen.loadtest_grpc import run_grpc_loadtest
 
     clients = [int(c) for c in args.clients.split(",")]
     sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -378,7 +332,7 @@ def bench(args: argparse.Namespace) -> None:
     print("|---|---|---|---|---|---|---|")
     for k in range(1, args.rounds + 1):
         for config in chosen:
-            port, grpc_port = _port(), _port() if args.protocol == "grpc" else 0
+            port, grpc_port = free_port(), free_port() if args.protocol == "grpc" else 0
             try:
                 process, path, fmt = start(config, args, port, grpc_port)
             except SystemExit as exc:  # one server that will not start does not end the bench

@@ -21,12 +21,11 @@ Prints a Markdown table (docs/benchmarks.md) and, with --json, writes the figure
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from typing import Any
@@ -41,6 +40,7 @@ from core.table import PlanTable
 from planner.store import open_store
 from workers.memory import MemoryProbe
 from workers.worker import Worker
+from served import vbs_serve
 
 
 def pct(values: list[float], q: float) -> float:
@@ -48,28 +48,13 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def serve(args: argparse.Namespace, store: str) -> tuple[subprocess.Popen[bytes], str]:
-    """``vbs serve`` in its own process on a free loopback port, once it is ready."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+def serve(args: argparse.Namespace, store: str
+          ) -> contextlib.AbstractContextManager[tuple[subprocess.Popen[bytes], str]]:
+    """``vbs serve`` of the tables in ``store``, in its own process (``served.vbs_serve``)."""
     env = {**os.environ, "VBS_CACHE_DIR": args.cache_dir, "VBS_PROFILE_GRID": str(args.grid),
            "VBS_SLOT_COUNT": str(args.slot_count)}
-    vbs = Path(sys.executable).with_name("vbs")
-    process = subprocess.Popen([str(vbs), "serve", "--grpc-port", "0", "--model", args.model, "--store", store,
-                                "--batch-max", str(args.batch_max), "--port", str(port),
-                                "--log-level", "warning"], env=env)
-    url = f"http://127.0.0.1:{port}"
-    with httpx.Client(base_url=url, timeout=5) as client:
-        while True:
-            if process.poll() is not None:
-                raise SystemExit(f"vbs serve exited with {process.returncode}")
-            try:
-                if client.get("/v2/health/ready").status_code == 200:
-                    return process, url
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+    return vbs_serve(["--model", args.model, "--store", store, "--batch-max",
+                      str(args.batch_max), "--log-level", "warning"], env=env)
 
 
 def time_choices(args: argparse.Namespace, prepared: Any, blob: bytes, rng: random.Random,
@@ -101,8 +86,7 @@ def time_plan_requests(args: argparse.Namespace, store_location: str, low: int, 
                        rng: random.Random, figures: dict[str, Any]) -> None:
     """/plan over real HTTP, interleaved with /v2/health/live, and the server's own histogram."""
     r = args.batch_max
-    server, url = serve(args, store_location)
-    try:
+    with serve(args, store_location) as (_, url):
         plan_ms, live_ms = [], []
         with httpx.Client(base_url=url, timeout=60) as client:
             client.get("/plan", params={"mem": str(high)})  # connection set up
@@ -133,10 +117,6 @@ def time_plan_requests(args: argparse.Namespace, store_location: str, low: int, 
                               "server_within_2_5ms": round(within.get("0.0025", 0) / count, 4),
                               "server_within_5ms": round(within.get("0.005", 0) / count, 4)}
         figures["live_ms"] = {"p50": round(pct(live_ms, .5), 2), "p99": round(pct(live_ms, .99), 2)}
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
-
 
 
 def main() -> None:

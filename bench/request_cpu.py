@@ -22,7 +22,6 @@ a request took.
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import statistics
 import subprocess
@@ -38,23 +37,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from core.sizes import parse_bytes  # noqa: E402
-from memory_group import MemoryGroup, stop  # noqa: E402
-
-TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
-
-
-def _ticks(path: str) -> int:
-    """utime + stime of a /proc stat file, in clock ticks."""
-    fields = Path(path).read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
-
-
-def _port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from memory_group import MemoryGroup  # noqa: E402
+from served import free_port, npy, stat_cpu, stop, wait_until  # noqa: E402
 
 
 class Server:
@@ -66,7 +50,7 @@ class Server:
         env = {**os.environ, "VBS_LEAN": "on", "VBS_RUNTIME": "onnxruntime",
                "PYTHONPATH": str(root)}
         env.update(setting.split("=", 1) for setting in own.split(":") if setting)
-        self.port = _port()
+        self.port = free_port()
         cmd = [args.vbs_python, "-c", "from service.commands import main; main()", "serve",
                "--model", args.model, "--input-shape", args.shape, "--batch-max",
                str(args.batch_max), "--store", args.store, "--port", str(self.port),
@@ -76,31 +60,23 @@ class Server:
             safe = "".join(c if c.isalnum() else "_" for c in config)
             self.group = MemoryGroup.create(f"vbs-cpu-{safe}-{os.getpid()}-{time.monotonic_ns()}")
             self.group.set_limit(args.limit)
-            cmd = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(self.group.path),
-                   *cmd]
+            cmd = self.group.command(cmd)
         self.process = subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, start_new_session=True)
         self.url = f"http://127.0.0.1:{self.port}/infer"
 
     def ready(self, body: bytes, timeout_s: float = 120) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise SystemExit(f"{self.config}: exited {self.process.returncode}")
-            try:
-                if httpx.post(self.url, content=body, timeout=60,
-                              headers={"content-type": "application/x-npy"}).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        raise SystemExit(f"{self.config}: not answering within {timeout_s:g} s")
+        why = wait_until(lambda: httpx.post(self.url, content=body, timeout=60, headers={
+            "content-type": "application/x-npy"}).status_code == 200, self.process, timeout_s,
+            until="answering")
+        if why:
+            raise SystemExit(f"{self.config}: {why}")
 
-    def cpu(self) -> tuple[int, int]:
-        """(process, main thread) CPU ticks so far. ``vbs serve`` starts itself again in
+    def cpu(self) -> tuple[float, float]:
+        """(process, main thread) CPU seconds so far. ``vbs serve`` starts itself again in
         the same process (huge pages), so the PID is the one started."""
         pid = self.process.pid
-        return _ticks(f"/proc/{pid}/stat"), _ticks(f"/proc/{pid}/task/{pid}/stat")
+        return stat_cpu(f"/proc/{pid}/stat")[1], stat_cpu(f"/proc/{pid}/task/{pid}/stat")[1]
 
     def close(self) -> None:
         stop(self.process)
@@ -127,13 +103,7 @@ def main() -> None:
     sizes = [int(n) for n in args.sizes.split(",")]
     rng = np.random.default_rng(1)
     sample = rng.standard_normal((max(sizes), *shape)).astype(np.float32)
-
-    def npy(n: int) -> bytes:
-        buffer = io.BytesIO()
-        np.save(buffer, sample[:n])
-        return buffer.getvalue()
-
-    bodies = {n: npy(n) for n in sizes}
+    bodies = {n: npy(sample[:n]) for n in sizes}
     servers = [Server(c, args) for c in args.servers.split(",")]
     if args.before:
         before = Server("limit", args, Path(args.before))
@@ -160,8 +130,8 @@ def main() -> None:
                             count += 1
                 wall = time.perf_counter() - t0
                 process1, loop1 = server.cpu()
-                row = (1e3 * TICK_S * (process1 - process0) / count,
-                       1e3 * TICK_S * (loop1 - loop0) / count, 1e3 * wall / count)
+                row = (1e3 * (process1 - process0) / count,
+                       1e3 * (loop1 - loop0) / count, 1e3 * wall / count)
                 seen[server.config].append(row)
                 print(f"round {k}, {server.config}: process {row[0]:.1f} ms CPU a request, "
                       f"its event loop {row[1]:.1f}, wall {row[2]:.1f} ms", flush=True)

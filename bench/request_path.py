@@ -23,7 +23,6 @@ requests of ``--samples`` samples per round, the median ``timing.infer_s`` per s
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import statistics
@@ -34,7 +33,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from served import add_trees_argument, interleaved, vbs_serve
+from served import add_trees_argument, interleaved, npy, vbs_serve
 
 CHILD = r"""
 import collections, io, json, random, sys, time, warnings
@@ -153,9 +152,7 @@ def in_process(root: Path, args: argparse.Namespace) -> None:
 
 def served(args: argparse.Namespace) -> None:
     x = np.random.default_rng(0).standard_normal((args.samples, 3, 224, 224), dtype=np.float32)
-    buffer = io.BytesIO()
-    np.save(buffer, x)
-    body = buffer.getvalue()
+    body = npy(x)
     serve_args = ["--model", args.model, "--store", args.store, "--batch-max",
                   str(max(8, args.samples)), "--log-level", "warning"]
     env = {**os.environ, "VBS_CACHE_DIR": args.cache_dir}

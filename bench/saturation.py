@@ -39,7 +39,7 @@ from core.loaded import ModelSpec
 from planner.pipeline import prepare
 from service.settings import Settings
 from planner.store import open_store
-from service.loadtest import run_loadtest
+from loadgen.loadtest import run_loadtest
 from served import add_trees_argument, interleaved, stat_cpu, vbs_serve
 from workers.memory import MemoryProbe
 from workers.worker import Worker

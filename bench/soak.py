@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import io
 import json
 import logging
 import os
@@ -60,14 +59,9 @@ from service.settings import Settings
 from planner.solver.tables import build_table
 from planner.store import open_store
 from service.main import create_app
+from served import free_port, npy
 
 MODELS = ("squeezenet1_0@3x64x64", "mobilenet_v2@3x64x64")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def process_stats() -> dict[str, int]:
@@ -150,12 +144,6 @@ class Server:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=120)
-
-
-def npy(x: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, x)
-    return buf.getvalue()
 
 
 async def client(k: int, url: str, models: dict[str, tuple[int, ...]], outputs: dict[str, list[int]],

@@ -38,7 +38,6 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
-import httpx
 import uvicorn
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,7 +48,7 @@ from service import batcher, deps, finisher, serving  # noqa: E402
 from service.main import create_app  # noqa: E402
 from service.fast.protocol import HttpProtocol  # noqa: E402
 from service.routers import inference  # noqa: E402
-from served import free_port  # noqa: E402
+from served import free_port, wait_ready  # noqa: E402
 
 STAGES = ("app", "call", "receive", "decode", "submit", "to model", "model", "to loop", "resume",
           "respond", "send", "after")
@@ -144,13 +143,7 @@ def main() -> None:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    while True:  # the first start may profile and plan the model
-        try:
-            if httpx.get(f"{url}/v2/health/ready").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
+    wait_ready(f"{url}/v2/health/ready", None)  # the first start may profile and plan the model
     subprocess.run([sys.executable, "-m", "service.commands", "loadtest", "--url", url,
                     "--model", args.model, "--clients", "1", "--duration", str(args.duration),
                     "--warmup", str(args.warmup)], check=True, cwd=ROOT,

@@ -18,9 +18,7 @@ one. The tables are planned once into a directory store that every server reads.
 from __future__ import annotations
 
 import argparse
-import io
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,18 +29,14 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from served import npy, vbs_serve
+
 CONFIGS = {  # name -> environment of the service (and of the in-process run)
     "torch default": {},
     "VBS_THREADS=1": {"VBS_THREADS": "1"},
     "VBS_THREADS=2": {"VBS_THREADS": "2"},
     "VBS_THREADS=2, OMP_WAIT_POLICY=PASSIVE": {"VBS_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"},
 }
-
-
-def _port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def in_process(model: str, store: str, cache: str, env: dict[str, str], requests: int) -> float:
@@ -75,40 +69,21 @@ print(statistics.median(ts))
 def in_service(model: str, store: str, cache: str, env: dict[str, str], requests: int
                ) -> tuple[float, float]:
     """(median infer_s reported, median client latency) of one-sample requests to `vbs serve`."""
-    port = _port()
-    vbs = Path(sys.executable).with_name("vbs")
-    server = subprocess.Popen([str(vbs), "serve", "--grpc-port", "0", "--model", model, "--store", store,
-                               "--batch-max", "8", "--port", str(port), "--log-level", "warning"],
-                              env={**os.environ, "VBS_CACHE_DIR": cache, **env})
-    try:
-        url = f"http://127.0.0.1:{port}"
-        with httpx.Client(base_url=url, timeout=120) as client:
-            while True:
-                if server.poll() is not None:
-                    raise SystemExit(f"vbs serve exited with {server.returncode}")
-                try:
-                    if client.get("/v2/health/ready").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.2)
-            shape = client.get(f"/v2/models/{model}").json()["inputs"][0]["shape"][1:]
-            buf = io.BytesIO()
-            np.save(buf, np.random.default_rng(0).standard_normal((1, *shape)).astype(np.float32))
-            body = buf.getvalue()
-            infer, latency = [], []
-            for k in range(requests + 5):
-                t0 = time.perf_counter()
-                r = client.post("/infer", content=body, headers={"Content-Type": "application/x-npy"})
-                elapsed = time.perf_counter() - t0
-                r.raise_for_status()
-                if k >= 5:  # warm-up
-                    infer.append(r.json()["timing"]["infer_s"])
-                    latency.append(elapsed)
-        return statistics.median(infer), statistics.median(latency)
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
+    with vbs_serve(["--model", model, "--store", store, "--batch-max", "8", "--log-level",
+                    "warning"], env={**os.environ, "VBS_CACHE_DIR": cache, **env}) as (_, url), \
+            httpx.Client(base_url=url, timeout=120) as client:
+        shape = client.get(f"/v2/models/{model}").json()["inputs"][0]["shape"][1:]
+        body = npy(np.random.default_rng(0).standard_normal((1, *shape)).astype(np.float32))
+        infer, latency = [], []
+        for k in range(requests + 5):
+            t0 = time.perf_counter()
+            r = client.post("/infer", content=body, headers={"Content-Type": "application/x-npy"})
+            elapsed = time.perf_counter() - t0
+            r.raise_for_status()
+            if k >= 5:  # warm-up
+                infer.append(r.json()["timing"]["infer_s"])
+                latency.append(elapsed)
+    return statistics.median(infer), statistics.median(latency)
 
 
 def main() -> None:

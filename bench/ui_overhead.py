@@ -24,11 +24,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import socket
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -36,13 +33,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from served import ROOT
+from ui_screenshots import serve_page_model
 
 
 def spread(values: list[float]) -> str:
@@ -77,39 +69,6 @@ def in_process(rounds: int, calls: int = 100_000) -> dict[str, list[float]]:
     return out
 
 
-def start_serve(tree: Path, args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str]:
-    work = ROOT / "out" / "ui-shots"
-    port = _port()
-    env = {**os.environ, "VBS_CACHE_DIR": str(work / "cache"), "VBS_STORE": str(work / "store"),
-           "VBS_BATCH_MAX": str(args.batch_max), "VBS_PROFILE_GRID": "true",
-           "VBS_PROFILE_REPEATS": "3", "PYTHONPATH": str(tree)}
-    env.pop("VBS_API_KEY", None)
-    module = "service.commands"  # this checkout's `vbs` (PYTHONPATH above)
-    process = subprocess.Popen(
-        [sys.executable, "-m", module, "serve", "--grpc-port", "0", "--model",
-         f"{args.model}@{args.input_shape.replace(',', 'x')}", "--host", "127.0.0.1", "--port",
-         str(port), "--log-level", "warning"], cwd=tree, env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 900
-    while True:
-        if process.poll() is not None:
-            raise SystemExit(f"vbs serve from {tree} exited")
-        try:
-            if httpx.get(f"{url}/v2/health/ready", timeout=5).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise SystemExit("vbs serve not ready in 15 minutes")
-        time.sleep(0.5)
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    process.wait(timeout=60)
-
-
 def endpoints(url: str, model: str, rounds: int, requests: int) -> dict[str, dict[str, list[float]]]:
     rng = np.random.default_rng(0)
     with httpx.Client(base_url=url, timeout=30) as c:
@@ -138,18 +97,15 @@ def endpoints(url: str, model: str, rounds: int, requests: int) -> dict[str, dic
 
 
 def load_ab(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
-    from service.loadtest import run_loadtest
+    from loadgen.loadtest import run_loadtest
 
     trees = {"with the page (this tree)": ROOT, "baseline": Path(args.baseline).resolve()}
     out: dict[str, dict[str, list[float]]] = {k: {"rps": [], "p50_ms": []} for k in trees}
     for _ in range(args.rounds):
         for name, tree in trees.items():
-            process, url = start_serve(tree, args)
-            try:
+            with serve_page_model(args, tree, subprocess.DEVNULL) as (_, url):
                 s = asyncio.run(run_loadtest(url, args.model, clients=4, duration_s=10,
                                              warmup_s=3))
-            finally:
-                stop(process)
             out[name]["rps"].append(s["throughput_rps"])
             out[name]["p50_ms"].append(s["latency_p50_s"] * 1e3)
     return out
@@ -171,11 +127,8 @@ def main() -> None:
     print(f"| Live.record (per answered request) | {spread(figures['in_process']['record_ns'])} ns |")
     print(f"| Live.figures, 10,000 requests in the window | "
           f"{spread(figures['in_process']['figures_10k_us'])} µs |")
-    process, url = start_serve(ROOT, args)
-    try:
+    with serve_page_model(args, ROOT, subprocess.DEVNULL) as (_, url):
         figures["endpoints"] = endpoints(url, args.model, args.rounds, args.requests)
-    finally:
-        stop(process)
     print(f"\n{args.model} {args.input_shape}, client-side ms, median (min-max) of {args.rounds} "
           f"interleaved rounds of {args.requests} requests\n")
     print("| endpoint | p50 ms | p99 ms |\n|---|---|---|")

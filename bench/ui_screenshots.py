@@ -4,7 +4,7 @@
         [--batch-max 8] [--out docs/img]
 
 Starts `vbs serve` (CPU, its own plan store under ``out/ui-shots``, profiles cached there) on a
-free loopback port, puts a small closed-loop load on it (``service.loadtest``, 4 clients), opens
+free loopback port, puts a small closed-loop load on it (``loadgen.loadtest``, 4 clients), opens
 ``/ui`` in Debian's chromium through Playwright, moves the memory slider with the keyboard to a
 budget where the plan splits, and saves ``ui-plan.png`` (the plan: phases per unit, Table III)
 and ``ui-live.png`` (Fig. 7 with the budget and the memory free now, and the live figures).
@@ -16,24 +16,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
+from typing import IO
 
-import httpx
+from served import ROOT, vbs_serve
 
-ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / "out" / "ui-shots"  # its plan store and profiles, kept between runs
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def serve_page_model(args: argparse.Namespace, root: Path = ROOT,
+                     log: IO[bytes] | int | None = None
+                     ) -> contextlib.AbstractContextManager[tuple[subprocess.Popen[bytes], str]]:
+    """`vbs serve` of ``--model`` at ``--input-shape`` (``--batch-max``) from the checkout
+    ``root``, on the tables under ``WORK``: what this script and bench/ui_overhead.py load."""
+    env = {**os.environ, "VBS_CACHE_DIR": str(WORK / "cache"), "VBS_STORE": str(WORK / "store"),
+           "VBS_BATCH_MAX": str(args.batch_max), "VBS_PROFILE_GRID": "true",
+           "VBS_PROFILE_REPEATS": "3"}
+    env.pop("VBS_API_KEY", None)
+    return vbs_serve(["--model", f"{args.model}@{args.input_shape.replace(',', 'x')}",
+                      "--log-level", "warning"], env=env, what=f"vbs serve from {root}",
+                     root=root, timeout_s=900, log=log)
 
 
 def main() -> None:
@@ -47,37 +54,11 @@ def main() -> None:
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
-    from service.loadtest import run_loadtest
+    from loadgen.loadtest import run_loadtest
 
-    work = ROOT / "out" / "ui-shots"
-    work.mkdir(parents=True, exist_ok=True)
+    WORK.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    port = _port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "VBS_CACHE_DIR": str(work / "cache"), "VBS_STORE": str(work / "store"),
-           "VBS_BATCH_MAX": str(args.batch_max), "VBS_PROFILE_GRID": "true",
-           "VBS_PROFILE_REPEATS": "3"}
-    env.pop("VBS_API_KEY", None)
-    log = open(work / "serve.log", "wb")
-    module = "service.commands"  # the `vbs` command of this checkout
-    process = subprocess.Popen(
-        [sys.executable, "-m", module, "serve", "--grpc-port", "0", "--model",
-         f"{args.model}@{args.input_shape.replace(',', 'x')}", "--host", "127.0.0.1",
-         "--port", str(port), "--log-level", "warning"], cwd=ROOT, env=env, stdout=log,
-        stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 900
-        while True:
-            if process.poll() is not None:
-                raise SystemExit(f"vbs serve exited; see {work / 'serve.log'}")
-            try:
-                if httpx.get(f"{url}/v2/health/ready", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("vbs serve not ready in 15 minutes")
-            time.sleep(1)
+    with open(WORK / "serve.log", "wb") as log, serve_page_model(args, log=log) as (_, url):
         load = threading.Thread(target=lambda: asyncio.run(run_loadtest(
             url, args.model, clients=4, duration_s=40, samples=2)), daemon=True)
         load.start()
@@ -110,10 +91,6 @@ def main() -> None:
             sec.locator(".grid > div").screenshot(path=str(live))  # Fig. 7 and live
             browser.close()
         print(f"wrote {plan} and {live} ({args.model} {args.input_shape}, budget {budget} bytes)")
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
-        log.close()
 
 
 if __name__ == "__main__":

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import logging
 from typing import Any
 
@@ -88,7 +86,7 @@ def add_parser(sub: Any) -> None:
                    help="request encoding over HTTP (default npy; the client processes send oip: "
                         "OIP v2 with binary tensors)")
     g = p.add_argument_group("client processes", "any of these runs the load in separate client "
-                             "processes (service.loadgen), requests encoded beforehand, each "
+                             "processes (loadgen.processes), requests encoded beforehand, each "
                              "reporting its own CPU")
     g.add_argument("--processes", type=int, help="client processes (default 1)")
     g.add_argument("--concurrency", type=int, help="closed loop: requests in flight in all "
@@ -222,31 +220,13 @@ def _check_compiled(settings: Any, specs: list[tuple[str, Any]]) -> None:
 
 
 def cmd_loadtest(args: argparse.Namespace) -> int:
+    """The load generator (``loadgen/``, a client beside the server, imported only here and only
+    when the command runs) with the server's API key."""
+    from loadgen.cli import run
     from service.settings import Settings
-    from service.loadtest import format_table, run_loadtest
 
     try:
         key = Settings().api_key
     except ValueError as exc:
         raise UsageError(f"invalid setting: {exc}") from exc
-    secret = key.get_secret_value() if key is not None else None
-    if any(v is not None for v in (args.processes, args.concurrency, args.rate, args.cpus)):
-        from service.loadgen import configure, run_load
-        summary = run_load(configure(
-            args.protocol, args.url, args.model, processes=args.processes,
-            concurrency=args.concurrency, rate=args.rate, clients=args.clients,
-            arrivals=args.arrivals, cpus=args.cpus, fmt=args.format, samples=args.samples,
-            duration_s=args.duration, warmup_s=args.warmup, api_key=secret))
-    elif args.protocol == "grpc":
-        from service.loadtest_grpc import DEFAULT_TARGET, run_grpc_loadtest
-        summary = asyncio.run(run_grpc_loadtest(
-            args.url or DEFAULT_TARGET, args.model, clients=args.clients or 4,
-            duration_s=args.duration, samples=args.samples, warmup_s=args.warmup,
-            api_key=secret))
-    else:
-        summary = asyncio.run(run_loadtest(
-            args.url or "http://127.0.0.1:8000", args.model, clients=args.clients or 4,
-            duration_s=args.duration, samples=args.samples, fmt=args.format or "npy",
-            warmup_s=args.warmup, api_key=secret))
-    print(json.dumps(summary, indent=1) if args.json else format_table(summary))
-    return 0 if summary["ok"] else 1
+    return run(args, key.get_secret_value() if key is not None else None)

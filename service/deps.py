@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import QueryParams
 
 from service.settings import Settings
-from service.admission import estimate_hold
+from service.claims import of as claims_of
 from service.errors import AuthError, PayloadTooLargeError, RequestError
 from service.fast.body import receive_body
 from service.media import is_json_body, media_type
@@ -96,7 +96,7 @@ async def read_body(request: Request, settings: SettingsDep) -> bytes:
     has its own, smaller limit (``max_json_bytes``), since it is parsed into Python objects.
 
     The time it takes is the network's (paced by the client): it is recorded in
-    ``request.state.vbs_receive_s`` so the metrics middleware counts it apart from the
+    the request's claims (``service.claims``) so the metrics middleware counts it apart from the
     server's own overhead, as Triton's perf_analyzer separates send/receive from overhead.
     """
     started = time.perf_counter()
@@ -126,7 +126,7 @@ async def read_body(request: Request, settings: SettingsDep) -> bytes:
         body = await request.body()  # Starlette's own: whole, then measured
         if len(body) > limit:
             raise over()
-    request.state.vbs_receive_s = time.perf_counter() - started
+    claims_of(request.state).receive_s = time.perf_counter() - started
     return body
 
 
@@ -161,11 +161,10 @@ async def inference_call(request: Request, query: type[Q],
     """What an inference route's dependencies would give it: the API key checked, the query
     parameters validated (400 naming the parameter, as FastAPI's own) and the body read.
 
-    The model it names (in the path or the query) is loaded first, if it is not
-    (``service.residency``: a wait, 503 or 413), and pinned, ``request.state.vbs_use``. Under
-    a memory limit the request is then admitted (``service.admission``) before its body is
-    read: 503 + Retry-After or 413 instead; its ticket is ``request.state.vbs_ticket``. The
-    route gives both back (``release_ticket``) once it has answered."""
+    The request's claims (``service.claims``, ``request.state.vbs``) are taken first: the
+    model it names (in the path or the query) pinned, loaded if it is not (a wait, 503 or
+    413), then under a memory limit a place before its body is read (503 + Retry-After or
+    413 instead). The route gives them back (``Claims.release``) once it has answered."""
     settings: Settings = request.app.state.settings
     if settings.api_key is not None:
         check_api_key(settings, bearer_token(request))
@@ -174,22 +173,14 @@ async def inference_call(request: Request, query: type[Q],
     parsed = parse(query, query_string)
     registry = getattr(request.app.state, "registry", None)
     if registry is not None:  # its model loaded first (service.residency), its body unread
-        entry = registry.entry_of(model if model is not None else getattr(parsed, "model", None))
+        claims = claims_of(request.state)
+        name = model if model is not None else getattr(parsed, "model", None)
+        entry = registry.entry_of(name)
         if entry is not None:
-            request.state.vbs_use = (registry.residency.pin(entry) if entry.ready
-                                     else await registry.use(entry))
-    admission = registry.admission if registry is not None else None
-    if admission is not None and admission.active:
+            await claims.pin(registry, entry)
         declared = request.headers.get("content-length")
         size = int(declared) if declared is not None and declared.strip().isdigit() else 0
-        request.state.vbs_ticket = await admission.admit(
-            model if model is not None else getattr(parsed, "model", None),
-            estimate_hold(size, body_kind(request)))
-        try:
-            return parsed, await read_body(request, settings)
-        except BaseException:
-            release_ticket(request)
-            raise
+        await claims.admit(registry, name, size, body_kind(request))
     return parsed, await read_body(request, settings)
 
 
@@ -199,19 +190,6 @@ def body_kind(request: Request) -> str:
         return "json"
     kind = media_type(request.headers)
     return "image" if kind.startswith("image/") or kind == "multipart/form-data" else "binary"
-
-
-def release_ticket(request: Request) -> None:
-    """What the request held under the memory limit is free again (once; none: nothing), and
-    its model no longer pinned by it (``service.residency``)."""
-    ticket = getattr(request.state, "vbs_ticket", None)
-    if ticket is not None:
-        request.state.vbs_ticket = None
-        request.app.state.registry.memory.done(ticket)
-    use = getattr(request.state, "vbs_use", None)
-    if use is not None:
-        request.state.vbs_use = None
-        request.app.state.registry.residency.done(use)
 
 
 CACHED_QUERY_BYTES = 1024  # longer query strings are parsed every time (the cache stays small)

@@ -17,6 +17,7 @@ from core.lru import LRU
 from core.table import INTERIM, PlanTable
 from planner.families import Preprocess
 from service.batcher import Batcher
+from workers.models_memory import ModelCost
 from workers.shares import working_bytes
 
 # answers kept per model for /plan and the page: plan descriptions (a few KB each), curves, tree
@@ -117,15 +118,15 @@ class ModelEntry:
         batcher = self.batcher
         return batcher.demand() if batcher is not None else 0
 
-    def cost(self) -> tuple[int, int, int]:
+    def cost(self) -> ModelCost:
         """What it takes loaded, as known before it loads: the bytes it keeps (what it kept
         the last time, else its weights), its one-sample plan and its working bytes (from
         its table; 0 when not known yet)."""
         kept = self.kept_bytes if self.kept_bytes is not None else self.weights_bytes
         table = self.table if self.planned or self.worker is not None else self.estimate
         if table is None:
-            return kept, 0, 0
-        return kept, int(table.min_peaks[0]), working_bytes(table)
+            return ModelCost(self.name, kept, 0, 0)
+        return ModelCost(self.name, kept, int(table.min_peaks[0]), working_bytes(table))
 
     def cached(self, key: Any, compute: Any) -> Any:
         """An answer that depends only on this model's table (for /plan), kept in a small LRU."""

@@ -10,9 +10,9 @@ or ``NOT_FOUND``, never ``INTERNAL``; a model loading, a full queue or a shutdow
 (metadata ``authorization: Bearer <key>``) when one is set; health and metadata are open, as
 over HTTP.
 
-A call for a model not loaded waits for its load (``service.residency``) as an HTTP request
-does; under a memory limit it then waits in the HTTP requests' line for memory
-(``service.admission``), its message counted as held (gRPC has read it already). The model
+A call takes and gives back its claims as an HTTP request does (``service.claims``: its
+model pinned, loaded first if it is not; under a memory limit a place in the HTTP requests'
+line for memory, its message counted as held, since gRPC has read it already). The model
 repository's calls (Triton's ``RepositoryIndex``, ``RepositoryModelLoad``,
 ``RepositoryModelUnload``) are ``POST /v2/repository/...``'s twins (``service.routers.
 repository``), with the API key as ``ModelInfer``.
@@ -38,14 +38,13 @@ from fastapi.security.utils import get_authorization_scheme_param
 from core.errors import VbsError
 from service.settings import Settings
 from service import grpc_codec, serving
-from service.admission import estimate_hold
+from service.claims import Claims
 from service.deps import check_api_key
 from service.errors import ModelNotFoundError, field_error, status_of
-from service.metrics import NO_MODEL, Metrics
+from service.metrics import Metrics
 from service.oip import SERVICE, pb, rpc
 from service.entry import ModelEntry
 from service.registry import Registry
-from workers.ledger import Ticket
 from service.routers import repository
 from service.routers.v2 import model_metadata, server_metadata
 from service.wire.v2 import V2Request, v2_tensor
@@ -63,13 +62,6 @@ INLINE_TYPED_BYTES = 64 * 1024  # typed values are read one by one: more go to a
 AUTH_WHERE = "metadata authorization"
 
 
-class _Call:
-    """What one call did, for the metrics: the model it named and, once run, its outcome."""
-
-    model: str = NO_MODEL
-    outcome: Any = None
-
-
 Handler = Callable[..., Awaitable[Any]]
 
 
@@ -80,7 +72,7 @@ def _answered(endpoint: str) -> Callable[[Handler], Handler]:
         @functools.wraps(method)
         async def handler(self: InferenceService, request: Any, context: Any) -> Any:
             started = time.perf_counter()
-            call = _Call()
+            call = Claims(endpoint=endpoint)
             failure: Exception | None = None
             answer = None
             try:
@@ -88,7 +80,7 @@ def _answered(endpoint: str) -> Callable[[Handler], Handler]:
             except Exception as exc:  # noqa: BLE001 - every error becomes a status code
                 failure = exc
             status = 200 if failure is None else status_of(failure)
-            self.record(call, endpoint, status, time.perf_counter() - started)
+            self.record(call, status, time.perf_counter() - started)
             if failure is not None:
                 await _abort(context, failure, status)
             return answer
@@ -122,15 +114,15 @@ class InferenceService(rpc.GRPCInferenceServiceServicer):
     # ------------------------------------------------------------------ health and metadata
 
     @_answered("grpc")
-    async def ServerLive(self, request: Any, context: Any, call: _Call) -> Any:  # noqa: N802
+    async def ServerLive(self, request: Any, context: Any, call: Claims) -> Any:  # noqa: N802
         return pb.ServerLiveResponse(live=True)
 
     @_answered("grpc")
-    async def ServerReady(self, request: Any, context: Any, call: _Call) -> Any:  # noqa: N802
+    async def ServerReady(self, request: Any, context: Any, call: Claims) -> Any:  # noqa: N802
         return pb.ServerReadyResponse(ready=self.registry.ready)
 
     @_answered("grpc")
-    async def ModelReady(self, request: Any, context: Any, call: _Call) -> Any:  # noqa: N802
+    async def ModelReady(self, request: Any, context: Any, call: Claims) -> Any:  # noqa: N802
         # an unknown model or version is not ready (tritonclient's HTTP client reads the 404
         # of GET /v2/models/{name}/ready so too), nor is one not loaded now
         entry = self.registry.entries.get(request.name)
@@ -138,13 +130,13 @@ class InferenceService(rpc.GRPCInferenceServiceServicer):
                                      and request.version in VERSIONS)
 
     @_answered("grpc")
-    async def ServerMetadata(self, request: Any, context: Any, call: _Call) -> Any:  # noqa: N802
+    async def ServerMetadata(self, request: Any, context: Any, call: Claims) -> Any:  # noqa: N802
         meta = server_metadata()
         return pb.ServerMetadataResponse(name=meta["name"], version=meta["version"],
                                          extensions=meta["extensions"])
 
     @_answered("grpc")
-    async def ModelMetadata(self, request: Any, context: Any, call: _Call) -> Any:  # noqa: N802
+    async def ModelMetadata(self, request: Any, context: Any, call: Claims) -> Any:  # noqa: N802
         entry = self._entry(request.name, request.version, "name", "version")
         entry = self.registry.described_entry(entry.name)
         call.model = entry.name
@@ -159,46 +151,24 @@ class InferenceService(rpc.GRPCInferenceServiceServicer):
 
     @_answered("grpc_infer")
     async def ModelInfer(self, received: grpc_codec.Received, context: Any,  # noqa: N802
-                         call: _Call) -> Any:
+                         call: Claims) -> Any:
         self._authorize(context)
         request, size = received.message, received.wire_bytes
         entry = self._entry(request.model_name, request.model_version, "model_name",
                             "model_version")
         call.model = entry.name
-        memory = self.registry.memory
-        use = self.registry.residency.pin(entry) if entry.ready else \
-            await self.registry.use(entry)
-        ticket = None
         try:
-            ticket = await self._admit(size, entry)
+            await call.pin(self.registry, entry)
+            await call.admit(self.registry, entry.name, size, "binary", received=True)
             req, x, decode_s = await self._decode(request, size, entry)
-            if ticket is not None:  # x is never a view of the message (read_request copies)
-                serving.hold_samples(memory, ticket, size, None, x, entry.output_shape)
-            assert entry.batcher is not None
-            outcome = await entry.batcher.submit(
-                x, decode_s=decode_s, encode=grpc_codec.encoder(req.binary_output),
-                field=req.inputs[0].data_where or "inputs[0]",
-                waited_s=use.waited_s + (ticket.waited_s if ticket is not None else 0.0))
-            if use.waited_s:
-                outcome = serving.with_load_wait(outcome, use.waited_s)
-            call.outcome = outcome
+            call.hold(size, None, x, entry.output_shape)  # x never views the message
+            outcome = await call.submit(entry, x, decode_s=decode_s,
+                                        encode=grpc_codec.encoder(req.binary_output),
+                                        field=req.inputs[0].data_where or "inputs[0]")
             return grpc_codec.response(entry.name, req.id, outcome.y, outcome.encoded,
                                        req.binary_output, serving.v2_parameters(outcome))
         finally:
-            memory.done(ticket)
-            self.registry.residency.done(use)
-
-    async def _admit(self, size: int, entry: ModelEntry) -> Ticket | None:
-        """Under a memory limit, a place in the ledger before the request is decoded (None:
-        no limit): as over HTTP, but gRPC has read the message already, so it is counted as
-        held at once and only its decoding and its plan wait in line."""
-        admission = self.registry.admission
-        if not admission.active:
-            return None
-        ticket = await admission.admit(entry.name, estimate_hold(size, "binary"))
-        if ticket is not None:
-            self.registry.memory.resize(ticket, 0)  # in memory already, not to come: only held
-        return ticket
+            call.release()
 
     async def _decode(self, request: Any, size: int, entry: ModelEntry
                       ) -> tuple[V2Request, Any, float]:
@@ -221,7 +191,7 @@ class InferenceService(rpc.GRPCInferenceServiceServicer):
     # ------------------------------------------------------------------ the model repository
 
     @_answered("grpc")
-    async def RepositoryIndex(self, request: Any, context: Any, call: _Call) -> Any:  # noqa: N802
+    async def RepositoryIndex(self, request: Any, context: Any, call: Claims) -> Any:  # noqa: N802
         self._authorize(context)
         repository.check_repository(request.repository_name, "repository_name")
         index = pb.RepositoryIndexResponse.ModelIndex
@@ -230,17 +200,17 @@ class InferenceService(rpc.GRPCInferenceServiceServicer):
 
     @_answered("grpc")
     async def RepositoryModelLoad(self, request: Any, context: Any,  # noqa: N802
-                                  call: _Call) -> Any:
+                                  call: Claims) -> Any:
         await self._change(request, context, call, loading=True)
         return pb.RepositoryModelLoadResponse()
 
     @_answered("grpc")
     async def RepositoryModelUnload(self, request: Any, context: Any,  # noqa: N802
-                                    call: _Call) -> Any:
+                                    call: Claims) -> Any:
         await self._change(request, context, call, loading=False)
         return pb.RepositoryModelUnloadResponse()
 
-    async def _change(self, request: Any, context: Any, call: _Call, *, loading: bool) -> None:
+    async def _change(self, request: Any, context: Any, call: Claims, *, loading: bool) -> None:
         """Load or unload the model a repository call names, its parameters checked."""
         self._authorize(context)
         entry = self._repository_entry(request)
@@ -281,11 +251,11 @@ class InferenceService(rpc.GRPCInferenceServiceServicer):
                                      f"for it or leave {version_field} empty")
         return entry
 
-    def record(self, call: _Call, endpoint: str, status: int, elapsed_s: float) -> None:
+    def record(self, call: Claims, status: int, elapsed_s: float) -> None:
         """The call in the request metrics (and an inference in the page's live view)."""
         m = self.metrics
-        m.requests.labels(call.model, endpoint, str(status)).inc()
-        m.latency.labels(call.model, endpoint).observe(elapsed_s)
+        m.requests.labels(call.model, call.endpoint, str(status)).inc()
+        m.latency.labels(call.model, call.endpoint).observe(elapsed_s)
         if call.outcome is not None:
             m.live.record(call.model, elapsed_s, call.outcome)
 

@@ -150,11 +150,5 @@ def set_parameters(target: Any, values: Mapping[str, Any]) -> None:
             target[key].string_param = str(value)
 
 
-def parameters_of(source: Any) -> dict[str, Any]:
-    """A map of ``InferParameter`` as plain scalars (for clients: ``vbs loadtest``)."""
-    return {key: getattr(value, value.WhichOneof("parameter_choice"))
-            for key, value in source.items() if value.WhichOneof("parameter_choice")}
-
-
-__all__ = ["CONTENTS_FIELD", "Received", "encoder", "parameters_of", "read_request", "received",
-           "response", "set_parameters"]
+__all__ = ["CONTENTS_FIELD", "Received", "encoder", "read_request", "received", "response",
+           "set_parameters"]

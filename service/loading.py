@@ -7,7 +7,7 @@ device's memory owner, ``workers.device_memory``) and a batcher. A model that wa
 store retries with backoff; one that cannot be served (a bad name, an untraceable model, a
 malformed stored table) is marked failed with the reason the readiness endpoints show. Which
 models are loaded, and when, is ``service.residency``'s: this module does one load or unload
-and tells the device's memory owner what the model keeps (``DeviceMemory.model_loaded``).
+and tells the device's memory owner what the model keeps (``DeviceMemory.models``).
 
 Torch threads: on the CPU one thread runs all the process's torch work, loading and every
 batch of every model, because every thread that starts an OpenMP region gets a team of its
@@ -35,12 +35,11 @@ from core.table import INTERIM, PlanTable
 from planner.families import build_preprocess, labels_for
 from planner.store import Backoff, PlanStore, open_store, printable_location
 from service.batcher import Batcher
-from service.entry import FAILED, READY, ModelEntry
+from service.entry import ModelEntry
 from service.first_start import BackgroundPlans, interim_prepared
 from service.metrics import Metrics
 from service.settings import Settings
 from workers.device_memory import DeviceMemory
-from workers.memory import cpu_free, release_cached
 
 log = logging.getLogger("vbs.service")
 HEARTBEAT_S = 15.0
@@ -59,17 +58,8 @@ class ModelLoader:
         self._store_lock = threading.Lock()
         # `vbs plan` beside the models served from interim tables (``service.first_start``)
         self.plans = BackgroundPlans(settings, lambda tid: self._sync_store().table_version(tid))
-        # ONNX Runtime's arena kept by each call, or what a call allocates leaving the working
-        # set when it returns; where what calls used is given back (after each, or at rest and
-        # when memory is short: the device's memory owner says which), large buffers are
-        # mapped alone, and the arena's give-back is the memory owner's to call
+        # whether ONNX Runtime's arena keeps what a call used: the device's memory owner says
         self.arena = memory.arena
-        if memory.gives_back:
-            from core.runtimes.ort_sessions import give_back_arena, give_back_freed_memory
-
-            give_back_freed_memory()
-            if memory.host_cache is not None:
-                memory.host_cache.register(give_back_arena)
 
     def torch_thread(self, entry: ModelEntry) -> ThreadPoolExecutor:
         """The thread that runs ``entry``'s torch work: the process's one on the CPU, unless
@@ -82,12 +72,13 @@ class ModelLoader:
         return self._executors[entry.name]
 
     async def load(self, entry: ModelEntry, i: int = 1, total: int = 1) -> bool:
-        """Load ``entry`` (``i`` of ``total`` being loaded, for the log): ready, or failed
-        with the reason (False); one that waits for the store retries with backoff."""
+        """Load ``entry`` (``i`` of ``total`` being loaded, for the log): True when it is
+        served now, False when it cannot be (``entry.error`` says why); one that waits for
+        the store retries with backoff."""
         loop = asyncio.get_running_loop()
         executor = self.torch_thread(entry)
         attempt = 0
-        before = self.memory.in_use()
+        self.memory.models.loading(entry.name)  # the group read now, to measure what it keeps
         while True:
             started = time.monotonic()
             log.info("%s: loading %s (%d of %d) with tables from %s", entry.name, entry.spec.name,
@@ -118,7 +109,7 @@ class ModelLoader:
                 heartbeat.cancel()
             break
         try:
-            await self._serve(entry, executor, started, before)
+            await self._serve(entry, executor, started)
         except Exception as exc:  # noqa: BLE001 - prepared, but its batcher or memory failed
             log.exception("%s: starting to serve failed", entry.name)
             if entry.batcher is not None:
@@ -129,8 +120,8 @@ class ModelLoader:
             self.plans.start(entry)
         return True
 
-    async def _serve(self, entry: ModelEntry, executor: ThreadPoolExecutor, started: float,
-                     before: int | None) -> None:
+    async def _serve(self, entry: ModelEntry, executor: ThreadPoolExecutor, started: float
+                     ) -> None:
         """A prepared model's batcher started, its memory counted: ready."""
         batcher = Batcher(entry.name, entry.worker, executor,
                           max_delay_s=self.settings.max_batch_delay_ms / 1000,
@@ -152,15 +143,9 @@ class ModelLoader:
         entry.load_s = round(time.monotonic() - started, 3)
         entry.error = entry.reason = None
         entry.loads += 1
-        # what stays with this model loaded: weights, sessions, buffers (the group's growth
-        # where a cgroup limit applies, if more than they add up to)
-        kept = kept_bytes(entry)
-        after = self.memory.in_use()
-        if before is not None and after is not None:
-            kept = max(kept, after - before)
-        entry.kept_bytes = kept
-        self.memory.model_loaded(entry.name, kept)
-        entry.state = READY
+        # what stays with this model loaded: weights, sessions, buffers, or what the group
+        # grew by while it loaded where a cgroup limit applies, if more (the memory owner's)
+        kept = entry.kept_bytes = self.memory.models.loaded(entry.name, kept_bytes(entry))
         m = self.metrics
         m.model_ready.labels(entry.name).set(1)
         m.model_loads.labels(entry.name).inc()
@@ -183,7 +168,9 @@ class ModelLoader:
                      doing)
 
     def _failed(self, entry: ModelEntry, message: str) -> None:
-        entry.state, entry.error = FAILED, " ".join(message.split())
+        """Why ``entry`` cannot be served (its state is the residency's to set)."""
+        self.memory.models.load_ended(entry.name)
+        entry.error = " ".join(message.split())
         entry.worker = entry.prepared = entry.batcher = None  # what a half load made goes
         log.error("%s: cannot be served: %s", entry.name, entry.error)
 
@@ -260,7 +247,8 @@ class ModelLoader:
             return prepared, {}
         if s.first_start == "interim" and entry.spec.device == "cpu":
             # its runtime's sessions made as the worker's are: within the memory free now
-            interim = interim_prepared(entry.name, model, s, replace(options, room=cpu_free))
+            interim = interim_prepared(entry.name, model, s,
+                                       replace(options, room=self.memory.probe.device_free))
             if interim is not None:
                 return interim
         # read just now and missing: profiled, solved and published without reading again
@@ -272,13 +260,10 @@ class ModelLoader:
         """Give back what ``entry`` keeps loaded (its batcher closed and drained first): its
         runtimes' sessions and graphs, its worker, its weights; the device's memory owner
         counts it back (what the group gave back, where a cgroup limit applies)."""
-        before = self.memory.in_use()
-        await asyncio.get_running_loop().run_in_executor(self.torch_thread(entry),
-                                                         _release, entry)
-        after = self.memory.in_use()
-        kept = self.memory.kept().get(entry.name, entry.kept_bytes or 0)
-        released = kept if before is None or after is None else min(kept, max(0, before - after))
-        self.memory.model_unloaded(entry.name, released)
+        self.memory.models.unloading(entry.name)
+        await asyncio.get_running_loop().run_in_executor(self.torch_thread(entry), _release,
+                                                         entry, self.memory)
+        released, kept = self.memory.models.unloaded(entry.name)
         self.metrics.model_ready.labels(entry.name).set(0)
         self.metrics.model_kept.labels(entry.name).set(0)
         log.info("%s: unloaded, %d of the %d bytes it kept given back", entry.name, released,
@@ -378,14 +363,14 @@ def kept_bytes(entry: ModelEntry) -> int:
     return int(kept)
 
 
-def _release(entry: ModelEntry) -> None:
+def _release(entry: ModelEntry, memory: DeviceMemory) -> None:
     """On the model's torch thread: its runtimes released, every reference to its worker,
-    capture and batcher dropped, the garbage collected (cycles hold modules) and, on CUDA,
-    the allocator's cache given back."""
+    capture and batcher dropped, the garbage collected (cycles hold modules) and what the
+    device's caches keep of it given back."""
     worker = entry.worker
     if worker is not None:
         worker.release()
     entry.worker = entry.prepared = entry.batcher = None
     del worker
     gc.collect()
-    release_cached(entry.spec.device)
+    memory.give_back_cached()

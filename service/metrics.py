@@ -14,6 +14,7 @@ from typing import Any
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
                                generate_latest)
 
+from service.claims import Claims
 from service.live import Live
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -25,7 +26,6 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 LOAD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 ENDPOINTS = ("infer", "v2_infer", "plan", "models", "health", "metrics", "other",
              "grpc_infer", "grpc")  # the last two: gRPC ModelInfer and every other gRPC call
-NO_MODEL = "-"
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -250,8 +250,9 @@ class MemoryListener:
 class RequestMetricsMiddleware:
     """Counts every HTTP request by model, endpoint and status, and times it (pure ASGI).
 
-    Handlers name the model and endpoint in ``request.state`` (``vbs_model``,
-    ``vbs_endpoint``); requests that never reach one count under ``"-"`` / ``"other"``.
+    Each request gets its claims (``service.claims``, ``request.state.vbs``), where handlers
+    name its model and endpoint; requests that never reach one count under ``"-"`` /
+    ``"other"``.
     """
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
@@ -276,7 +277,7 @@ class RequestMetricsMiddleware:
             return
         started = time.perf_counter()
         status = [500]
-        scope.setdefault("state", {})
+        claims = scope.setdefault("state", {})["vbs"] = Claims()
 
         async def sending(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -286,16 +287,14 @@ class RequestMetricsMiddleware:
         try:
             await self.app(scope, receive, sending)
         finally:
-            state = scope.get("state") or {}
-            model = str(state.get("vbs_model") or NO_MODEL)
-            endpoint = str(state.get("vbs_endpoint") or "other")
+            model, endpoint = claims.model, claims.endpoint
             elapsed = time.perf_counter() - started
             requests, latency = self._children(model, endpoint, str(status[0]))
             requests.inc()
             latency.observe(elapsed)
-            timing = state.get("vbs_timing")  # an inference answered: what the rest cost
-            if timing is not None:
-                receive = float(state.get("vbs_receive_s") or 0.0)
+            outcome = claims.outcome
+            if outcome is not None:  # an inference answered: what the rest cost
+                timing, receive = outcome.timing, claims.receive_s
                 spent = (receive + timing.load_wait_s + timing.queue_s + timing.input_s
                          + timing.infer_s + timing.output_s)
                 m = self._inference.get(model)
@@ -304,6 +303,4 @@ class RequestMetricsMiddleware:
                                                   self.metrics.overhead_time.labels(model))
                 m[0].observe(receive)
                 m[1].observe(max(0.0, elapsed - spent))
-            outcome = state.get("vbs_outcome")
-            if outcome is not None:
                 self.metrics.live.record(model, elapsed, outcome)

@@ -27,7 +27,7 @@ from service.entry import FAILED, ModelEntry
 from service.errors import ModelNotFoundError, RequestError, UnavailableError
 from service.loading import ModelLoader
 from service.metrics import MemoryListener, Metrics
-from service.residency import Residency, Use
+from service.residency import Residency
 from service.settings import Settings
 from service.table_watch import TableWatcher
 from workers.device_memory import DeviceMemory
@@ -147,13 +147,6 @@ class Registry:
         if name is None:
             return next(iter(self.entries.values())) if len(self.entries) == 1 else None
         return self.entries.get(name)
-
-    async def use(self, entry: ModelEntry) -> Use:
-        """``entry`` pinned for a request, loaded (``service.residency``), waiting for its load
-        at most ``request_timeout_s``."""
-        if entry.ready:
-            return self.residency.pin(entry)
-        return await self.residency.use(entry, self.settings.request_timeout_s)
 
     @property
     def store_up(self) -> bool | None:

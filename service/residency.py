@@ -5,12 +5,10 @@ Why: a server given more models than its memory holds dies loading them all (und
 limit the kernel kills it), and Triton's explicit mode leaves loading and unloading to the
 client. A model's cost is known before it loads: what it kept the last time it was loaded,
 else its weights (built on the meta device, ``planner.models.sketch_model``), and its plans'
-bytes from its table. What the models may take is the device's one owner of memory's figure
-(``DeviceMemory.models_capacity``: ``models_memory_bytes``, a cgroup limit, the device's free
-memory). A set of models fits when what they keep and the largest one-sample plan among them
-(times the ledger's growth under a cgroup limit, with a reserve for requests) fit in it; at
-start a model's working bytes stand for its one-sample plan, so the models loaded then run
-near full speed.
+bytes from its table. Whether a set of models fits is the device's one owner of memory's
+answer (``DeviceMemory.models``, ``workers.models_memory``); this module only chooses which
+idle model goes first. At start a model's working bytes stand for its one-sample plan, so the
+models loaded then run near full speed.
 
 One change at a time: every load and unload runs under one lock, in a task of its own, so a
 request that stops waiting (its timeout) does not stop a load half way. A request pins its
@@ -24,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +33,6 @@ from service.loading import ModelLoader
 from service.metrics import Metrics
 from service.settings import Settings
 from workers.device_memory import DeviceMemory
-from workers.ledger import RESERVE_SHARE, Ticket
 
 log = logging.getLogger("vbs.service")
 
@@ -54,11 +50,11 @@ class Use:
 
 
 class Room:
-    """What the models take and what the device's memory owner lets them (see the module
-    doc): which set fits, which idle model goes first, which model never fits."""
+    """Which loaded model goes first to make room, asking the device's memory owner
+    (``DeviceMemory.models``) whether a set of models fits and why one never does."""
 
     def __init__(self, entries: dict[str, ModelEntry], memory: DeviceMemory) -> None:
-        self.entries, self.memory = entries, memory
+        self.entries, self.models = entries, memory.models
 
     def loaded(self) -> list[ModelEntry]:
         return [e for e in self.entries.values() if e.state in (READY, UNLOADING)]
@@ -69,64 +65,21 @@ class Room:
                 if e.state == READY and e is not keep and not e.busy]
         return min(idle, key=lambda e: e.last_used) if idle else None
 
-    def footprint(self, entries: Iterable[ModelEntry], working: bool = False) -> int:
-        """What ``entries`` take loaded: what each keeps (the memory owner's figure for the
-        loaded ones) and the largest one-sample plan (working bytes: at start) among them."""
-        kept = self.memory.kept()
-        total = plans = 0
-        for e in entries:
-            keeps, need, want = e.cost()
-            total += kept.get(e.name, keeps)
-            plans = max(plans, max(want, need) if working else need)
-        return total + int(self.memory.growth * plans)
-
-    def reserve(self, capacity: int) -> int:
-        """Room kept for requests' bodies under a cgroup limit (the ledger counts them)."""
-        return capacity // RESERVE_SHARE if self.memory.counts_requests else 0
-
     def fits(self, entries: list[ModelEntry], working: bool = False) -> bool:
-        capacity = self.memory.models_capacity()
-        return self.footprint(entries, working) + self.reserve(capacity) <= capacity
+        return self.models.fit((e.cost() for e in entries), working).fits
 
     def never_fits(self, entry: ModelEntry) -> ModelTooLargeError | None:
-        """Why ``entry`` can never be loaded, even alone, under a configured or cgroup limit
-        (None: it can, or only the device's free memory bounds it, which may grow)."""
-        memory = self.memory
-        if not (memory.total or memory.counts_requests) or self.fits([entry]):
-            return None
-        capacity = memory.models_capacity()
-        keeps, need, _ = entry.cost()
-        grown = f" ({memory.growth:g}x as the group grows when it runs)" if \
-            memory.growth != 1 else ""
-        reserve = self.reserve(capacity)
-        if memory.total and memory.total - memory.margin() <= capacity:
-            limit = (f"models_memory_bytes ({memory.total} bytes, less the "
-                     f"{memory.margin()} margin) allows")
-            fix = "raise models_memory_bytes (VBS_MODELS_MEMORY_BYTES)"
-        else:
-            report = memory.report()
-            limit = (f"the memory limit ({report.limit_bytes} bytes on cgroup "
-                     f"{report.limit_group}, less its {report.margin_bytes} margin and what "
-                     "the process holds besides its models) leaves")
-            fix = "raise the memory limit"
-        return ModelTooLargeError(
-            f"model {entry.name}: keeps about {keeps} bytes loaded (weights, runtime sessions, "
-            f"its batch buffer) and its one-sample plan needs {need}{grown}"
-            + (f", with {reserve} kept for requests" if reserve else "")
-            + f": {self.footprint([entry]) + reserve} bytes in all, more than the {capacity} "
-            f"{limit}; {fix}, or serve it where more memory is")
+        """Why ``entry`` can never be loaded, even alone (None: it can, or only the device's
+        free memory bounds it, which may grow)."""
+        why = self.models.never_fits(entry.cost())
+        return ModelTooLargeError(f"model {entry.name}: {why}") if why is not None else None
 
-    def admit(self, entry: ModelEntry) -> Ticket | None:
-        """What ``entry`` will keep, admitted as a request's hold would be (None: not now);
-        counted as in the group at once (it is, as its weights are made), not as a body
-        still to come, which the group's reading would count a second time."""
-        keeps = entry.cost()[0]
+    def admit(self, entry: ModelEntry) -> bool:
+        """A place for ``entry``'s load beside what requests hold (False: not now)."""
         try:
-            ticket = self.memory.admit(entry.name, keeps, f"loading model {entry.name}")
+            return self.models.admit_load(entry.cost())
         except RequestTooLargeError as exc:
             raise ModelTooLargeError(f"model {entry.name}: {exc}") from exc
-        self.memory.resize(ticket, keeps)
-        return ticket
 
 
 class Residency:
@@ -277,10 +230,16 @@ class Residency:
 
     async def _start_one(self, entry: ModelEntry, i: int, total: int) -> None:
         try:
-            await self.loader.load(entry, i, total)
+            self._loaded(entry, await self.loader.load(entry, i, total))
         finally:
             entry.starting = False
             self._notify()
+
+    @staticmethod
+    def _loaded(entry: ModelEntry, loaded: bool) -> bool:
+        """``entry`` served now, or failed (its loader said why)."""
+        entry.state = READY if loaded else FAILED
+        return loaded
 
     def _defer(self, entry: ModelEntry) -> None:
         entry.state, entry.starting = UNLOADED, False
@@ -317,13 +276,13 @@ class Residency:
         async with self._lock:
             if entry.state == READY:
                 return
-            ticket = await self._make_room(entry)
+            await self._make_room(entry)
             entry.state, entry.error = LOADING, None
             self._notify()
             try:
-                loaded = await self.loader.load(entry)
+                loaded = self._loaded(entry, await self.loader.load(entry))
             finally:
-                self.memory.done(ticket)  # counted as what the model keeps from now on
+                self.memory.models.load_ended(entry.name)  # its place, however the load ended
             if not loaded:
                 self._notify()
                 raise UnavailableError(f"model {entry.name} failed to load: {entry.error}",
@@ -337,7 +296,7 @@ class Residency:
             if entry.state == READY:
                 await self._unload(entry, "request")
 
-    async def _make_room(self, entry: ModelEntry) -> Ticket | None:
+    async def _make_room(self, entry: ModelEntry) -> None:
         """Unload idle models, the least recently used first, until ``entry`` fits beside
         the rest, and a place for its load in the memory owner's ledger of what requests
         hold (under a cgroup limit: what they hold now must leave it room); wait for busy
@@ -345,11 +304,9 @@ class Residency:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.request_timeout_s
         while True:
-            ticket = None
             if self.room.fits([*self.room.loaded(), entry]):
-                ticket = self.room.admit(entry)
-                if ticket is not None:
-                    return ticket
+                if self.room.admit(entry):
+                    return
             else:
                 too_large = self.room.never_fits(entry)
                 if too_large is not None:

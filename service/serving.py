@@ -13,7 +13,6 @@ compute input, compute infer, compute output, as Triton's perf_analyzer reports 
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -30,10 +29,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from service.settings import Settings
-from workers.device_memory import DeviceMemory
-from workers.ledger import Ticket
 from service.batch_stage import Outcome
-from service.deps import InferQuery, inference_call, release_ticket
+from service.claims import of as claims_of
+from service.deps import InferQuery, inference_call
 from service.errors import PayloadTooLargeError, UnsupportedMediaError, field_error
 from service.media import media_type
 from service.entry import ModelEntry
@@ -119,20 +117,22 @@ def _check_top_k(entry: ModelEntry, k: int | None) -> int | None:
 async def answer(request: Request, endpoint: str, query: type[Q], model: str | None,
                  decode: Callable[[bytes, Q], Awaitable[Decoded]],
                  respond: Callable[[Decoded, Outcome], Response]) -> Response:
-    """An inference route's whole answer: the call checked and its body read
+    """An inference route's whole answer: the call checked, its claims taken and its body read
     (``service.deps.inference_call``), decoded, held under the memory limit, run, answered;
-    what the request held is given back however it ends. ``endpoint`` labels its metrics."""
-    request.state.vbs_endpoint = endpoint
+    its claims (``service.claims``) given back however it ends. ``endpoint`` labels its
+    metrics."""
+    claims = claims_of(request.state)
+    claims.endpoint = endpoint
     try:
         parsed, body = await inference_call(request, query, model)
         decoded = await decode(body, parsed)
-        hold(request, body, decoded)
-        if getattr(request.state, "vbs_use", None) is None:  # named in the body: loaded now
-            request.state.vbs_use = await request.app.state.registry.use(decoded.entry)
-        outcome = await run(decoded, request.state)
+        claims.hold(len(body), body, decoded.x, decoded.entry.output_shape)
+        await claims.pin(request.app.state.registry, decoded.entry)  # named in the body
+        outcome = await claims.submit(decoded.entry, decoded.x, decode_s=decoded.decode_s,
+                                      encode=decoded.encoder(), field=decoded.field)
         return respond(decoded, outcome)
     finally:
-        release_ticket(request)
+        claims.release()
 
 
 async def decode_infer(request: Request, body: bytes, query: InferQuery) -> Decoded:
@@ -140,7 +140,7 @@ async def decode_infer(request: Request, body: bytes, query: InferQuery) -> Deco
     samples of the model it names, read as its Content-Type's format says (``service.wire``)."""
     registry: Registry = request.app.state.registry
     settings: Settings = request.app.state.settings
-    headers, state = request.headers, request.state
+    headers, claims = request.headers, claims_of(request.state)
     model, shape, dtype = query.model, query.shape, query.dtype
     kind = media_type(headers)
     limit = settings.max_samples_per_request
@@ -148,7 +148,7 @@ async def decode_infer(request: Request, body: bytes, query: InferQuery) -> Deco
 
     def named(name: str | None) -> ModelEntry:
         entry = registry.ready_entry(name)
-        state.vbs_model = entry.name
+        claims.model = entry.name
         return entry
 
     fmt = body_format(kind)
@@ -239,7 +239,7 @@ async def decode_v2(request: Request, name: str, body: bytes) -> Decoded:
     registry: Registry = request.app.state.registry
     settings: Settings = request.app.state.settings
     entry = registry.ready_entry(name)
-    request.state.vbs_model = entry.name
+    claims_of(request.state).model = entry.name
     header = request.headers.get("inference-header-content-length")
 
     def decode(data: bytes) -> tuple[oip.V2Request, np.ndarray]:
@@ -251,54 +251,6 @@ async def decode_v2(request: Request, name: str, body: bytes) -> Decoded:
     else:
         (req, x), spent = await _in_thread(_timed, decode, body)
     return Decoded(entry, x, v2=req, decode_s=spent, field=V2_FIELD)
-
-
-def hold(request: Request, body: bytes, decoded: Decoded) -> None:
-    """Under a memory limit: the request holds its body, its samples (unless a view of the
-    body) and its outputs now; the ledger learns the exact bytes (503 when more than its
-    Content-Length said and no longer fitting)."""
-    ticket = getattr(request.state, "vbs_ticket", None)
-    if ticket is not None:
-        hold_samples(request.app.state.registry.memory, ticket, len(body), body,
-                     decoded.x, decoded.entry.output_shape)
-
-
-def hold_samples(memory: DeviceMemory, ticket: Ticket, held: int, body: bytes | None,
-                 x: np.ndarray, output_shape: tuple[int, ...]) -> None:
-    """The exact bytes a decoded request holds, for the ledger: ``held`` bytes of message,
-    its samples ``x`` unless a view of ``body`` (the bytes they were decoded from), and its
-    outputs with their encoding; kept as long as ``x`` lives (a batch may keep the samples
-    after a timeout answered the request)."""
-    if not (body and np.may_share_memory(x, np.frombuffer(body, np.uint8))):
-        held += x.nbytes
-    out = int(np.prod(output_shape, dtype=np.int64)) * 4 * x.shape[0]
-    memory.resize(ticket, held + 3 * out)  # y, and its encoding
-    memory.keep(ticket, x)
-
-
-async def run(decoded: Decoded, state: Any) -> Outcome:
-    """Queue the samples on the model's batcher (its model pinned, loaded: ``vbs_use``); 504
-    when not answered within ``request_timeout_s`` (the batcher's), which its waits for the
-    model's load and in line for memory count toward."""
-    entry = decoded.entry
-    assert entry.batcher is not None
-    ticket = getattr(state, "vbs_ticket", None)
-    use = getattr(state, "vbs_use", None)
-    load_wait_s = use.waited_s if use is not None else 0.0
-    outcome = await entry.batcher.submit(
-        decoded.x, decode_s=decoded.decode_s, encode=decoded.encoder(), field=decoded.field,
-        waited_s=load_wait_s + (ticket.waited_s if ticket is not None else 0.0))
-    if load_wait_s:
-        outcome = with_load_wait(outcome, load_wait_s)
-    state.vbs_timing = outcome.timing  # the middleware counts what the rest of the server took
-    state.vbs_outcome = outcome  # and records it for the live view (service.live)
-    return outcome
-
-
-def with_load_wait(outcome: Outcome, load_wait_s: float) -> Outcome:
-    """``outcome`` of a request that waited ``load_wait_s`` for its model to load."""
-    return dataclasses.replace(outcome, timing=dataclasses.replace(outcome.timing,
-                                                                   load_wait_s=load_wait_s))
 
 
 # -- what ran it -----------------------------------------------------------------------------
@@ -364,5 +316,5 @@ def v2_parameters(outcome: Outcome) -> dict[str, Any]:
     return params
 
 
-__all__ = ["Decoded", "decode_infer", "decode_v2", "hold", "infer_response", "plan_json", "run",
-           "run_json", "timing_json", "v2_parameters", "v2_response", "with_load_wait"]
+__all__ = ["Decoded", "decode_infer", "decode_v2", "infer_response", "plan_json", "run_json",
+           "timing_json", "v2_parameters", "v2_response"]

@@ -122,6 +122,9 @@ def test_benchmark_headings_carry_no_date_or_pass() -> None:
     assert headings and not dated, f"headings with a date or a pass: {dated}"
 
 
+MAX_ANSWER = 200
+
+
 def test_the_readme_glance_links_to_sections_that_exist() -> None:
     readme = _text(ROOT / "README.md")
     glance = readme.split("## Performance at a glance", 1)[1].split("\n## ", 1)[0]
@@ -131,6 +134,18 @@ def test_the_readme_glance_links_to_sections_that_exist() -> None:
     slugs = {_slug(h) for h in headings}
     missing = sorted(set(anchors) - slugs)
     assert not missing, f"the README's glance links to sections that do not exist: {missing}"
+
+
+def test_the_readme_glance_is_one_short_line_per_question() -> None:
+    """Each question of the README's glance is answered in one short cell: the latest figure,
+    the details in the section it links to."""
+    readme = _text(ROOT / "README.md")
+    glance = readme.split("## Performance at a glance", 1)[1].split("\n## ", 1)[0]
+    rows = [r for r in glance.splitlines() if r.startswith("| ") and not r.startswith("| question")]
+    cells = [[c.strip() for c in r.strip("|").split(" | ")] for r in rows]
+    assert len(cells) >= 8, "the glance answers too few questions"
+    long = [c[0] for c in cells if len(c) != 3 or len(c[1]) > MAX_ANSWER]
+    assert not long, f"answers over {MAX_ANSWER} characters (details go in docs/benchmarks.md): {long}"
 
 
 def test_no_file_points_outside_the_repository() -> None:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from core.errors import InfeasibleError, LeaseTimeoutError, UsageError
+from core.runtimes.base import UnitRuntime
 from core.table import PlanTable
 from workers.shares import LEVELS, Want, demand_level, divide
 
@@ -97,6 +98,10 @@ class Leases(Protocol):
                 timeout_s: float) -> Lease[P]: ...
 
     def release(self, lease: Lease[Any]) -> None: ...
+
+    def runtime_loaded(self, runtime: UnitRuntime) -> None: ...
+
+    def runtime_released(self, runtime: UnitRuntime) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -323,6 +328,11 @@ class Arbiter:
                 if queued:  # gave up (timeout, error): the next in line may go
                     self._queue.remove(ticket)
                     self._cond.notify_all()
+
+    def runtime_loaded(self, runtime: UnitRuntime) -> None:
+        """No caches of its own to give back (the device's memory owner keeps them)."""
+
+    runtime_released = runtime_loaded
 
     def release(self, lease: Lease[Any]) -> None:
         """Return a lease (a second return of the same lease does nothing)."""

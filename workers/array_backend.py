@@ -21,7 +21,7 @@ import numpy as np
 
 from core import runtimes as rt
 from core.compiled import CompiledModel
-from core.errors import ExecutionError, UsageError
+from core.errors import ExecutionError
 from core.program import Step
 from core.runs import TreeIndex, run_runtime
 from core.runtimes.base import RuntimeOptions, UnitRuntime
@@ -179,14 +179,7 @@ class ArrayModel:
         return self.compiled.shapes.output_shape
 
     def load_runtime(self, name: str, options: RuntimeOptions) -> UnitRuntime:
-        if name != rt.ONNXRUNTIME:
-            raise UsageError(f"{self.name}: a worker without torch runs ONNX Runtime only, not "
-                             f"{name}")
-        from core.runtimes.ort_arrays import ArrayUnits
-
-        return ArrayUnits(self.compiled.graphs, spin=options.spin,  # type: ignore[return-value]
-                          max_sessions=options.max_sessions, room=options.room,
-                          arena=options.arena)
+        return rt.load_compiled(name, self.compiled.graphs, options)
 
     def prepare(self, steps: Sequence[Step], splits: dict[int, list[int]] | None,
                 runs: dict[int, int] | None, samples: int) -> ArrayRun:

@@ -9,12 +9,13 @@ and shares among the models (``Arbiter``), and on CUDA what the allocator keeps 
 plans ran, given back when they no longer need it (``DeviceCache``), so that a neighbour can
 take it and the reading, and with it the plans, step down; on a CPU under a limit what ONNX
 Runtime's arena keeps, given back at rest and when memory is short (``HostCache``). It
-answers two questions:
+answers three questions:
 
 - **may this request in** (``admit``: a ticket, None for "not now", ``RequestTooLargeError``
   for "never"), and what it holds until answered (``resize``, ``keep``, ``done``);
 - **what may this plan use** (``allowance``, ``acquire``/``release`` of a lease: the worker
-  reads nothing else).
+  reads nothing else);
+- **do these models fit**, and what a loaded one keeps (``models``: ``workers.models_memory``).
 
 The sizes it plans with (a model's one-sample plan, its working bytes) come from the tables
 registered with it (``register``), so no caller hands it callbacks. The HTTP edge of
@@ -27,13 +28,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from core.malloc import LARGE_BLOCK, map_large_blocks
+from core.runtimes.base import UnitRuntime
 from core.table import PlanTable
 from workers.arbiter import Arbiter, ArbiterListener, Lease, Sized, Snapshot
 from workers.cgroup import CgroupMemory, read_cgroup
 from workers.device_cache import DeviceCache
 from workers.host_cache import HostCache
 from workers.ledger import RETURNED_GROWTH, LedgerReport, RequestLedger, Ticket
-from workers.memory import MemoryProbe
+from workers.memory import MemoryProbe, release_cached
+from workers.models_memory import ModelsMemory
 from workers.shares import working_bytes
 
 MIN_MARGIN = 16 * 2**20  # kept back under a cgroup limit for Python, the HTTP stack and answers
@@ -72,7 +76,7 @@ class DeviceMemory:
         self.probe = MemoryProbe(device, limit=limit)
         self._margin = margin
         self.total = total  # the most loaded models keep and their plans use together (0: none)
-        self._kept: dict[str, int] = {}  # what each loaded model keeps (``model_loaded``)
+        self.models = ModelsMemory(self)  # what loaded models keep; which fit
         self.host_cache: HostCache | None = None
         self._ledger = RequestLedger(self._leased, self.one_sample_bytes, self.working_bytes,
                                      self.margin, read=read, trim=trim,
@@ -88,6 +92,8 @@ class DeviceMemory:
         self.gives_back = ort_arena == "none" or self.host_cache is not None
         if self.gives_back:
             self._ledger.growth = RETURNED_GROWTH
+            if trim is None:  # the process's own allocator (tests pass their own trim)
+                map_large_blocks(LARGE_BLOCK)  # what calls give back leaves the process
         self.arbiter = Arbiter(device, self.plan_free, mode=sharing, serial=serial,
                                ceiling=self.ceiling if self.ledger is not None else None,
                                listener=listener)
@@ -119,7 +125,7 @@ class DeviceMemory:
             free = self.ledger.plan_free(reading)  # type: ignore[union-attr]
             free = min(free, self.probe.limit) if self.probe.limit else free
         if self.total:  # what loaded models keep is under the same cap
-            free = min(free, max(0, self.total - sum(self._kept.values()) - self.margin()))
+            free = min(free, max(0, self.total - self.models.kept_total() - self.margin()))
         return free
 
     def ceiling(self) -> int:
@@ -183,6 +189,23 @@ class DeviceMemory:
             if not self.arbiter.leased:
                 self.host_cache.idle()
 
+    def runtime_loaded(self, runtime: UnitRuntime) -> None:
+        """A worker loaded ``runtime``: what its calls leave cached is given back with the
+        device's caches (at rest, when memory is short, after an unload: ``host_cache``)."""
+        if self.host_cache is not None:
+            self.host_cache.register(runtime.give_back)
+
+    def runtime_released(self, runtime: UnitRuntime) -> None:
+        if self.host_cache is not None:
+            self.host_cache.unregister(runtime.give_back)
+
+    def give_back_cached(self) -> None:
+        """Give back what the device's caches keep that no plan or model uses now (after a
+        model's unload): the CUDA allocator's cached blocks, ONNX Runtime's arena."""
+        release_cached(self.device)
+        if self.host_cache is not None:
+            self.host_cache.give_back()
+
     def close(self) -> None:
         """Stop the caches' idle threads (the service is stopping)."""
         for cache in (self.cache, self.host_cache):
@@ -240,25 +263,11 @@ class DeviceMemory:
 
     # ------------------------------------------------------------------ what loaded models keep
 
-    def model_loaded(self, model: str, kept: int) -> None:
-        """``model`` is loaded and keeps ``kept`` bytes until ``model_unloaded`` (its weights,
-        its runtimes' sessions and graphs, its batch buffer)."""
-        self._kept[model] = max(0, int(kept))
-        self._idle_moved(self._kept[model])
-
-    def model_unloaded(self, model: str, released: int) -> None:
-        """``model`` is unloaded, and gave ``released`` bytes back."""
-        self._kept.pop(model, None)
-        self._idle_moved(-max(0, int(released)))
-
-    def _idle_moved(self, change: int) -> None:
-        """Under a cgroup limit, the ledger's idle working set moved by ``change``."""
+    def idle_moved(self, change: int) -> None:
+        """Under a cgroup limit, the ledger's idle working set moved by ``change`` (a model
+        loaded or unloaded: ``models``)."""
         if self.ledger is not None:
             self.ledger.move_idle(change)
-
-    def kept(self) -> dict[str, int]:
-        """What each loaded model keeps (``model_loaded``)."""
-        return dict(self._kept)
 
     def in_use(self) -> int | None:
         """Under a cgroup limit, the group's working set now (None elsewhere)."""
@@ -270,22 +279,6 @@ class DeviceMemory:
         """How many times its bytes a plan counts against the memory it runs in (the ledger's
         under a cgroup limit, else 1)."""
         return self._ledger.growth if self.ledger is not None else 1.0
-
-    def models_capacity(self) -> int:
-        """What the loaded models may keep and their plans use, all together, now: the least
-        of ``total`` less the margin and, under a cgroup limit, the limit less the margin and
-        what the process holds besides its models (the idle working set less what they keep),
-        elsewhere what they keep plus the device's free memory less the margin."""
-        kept = sum(self._kept.values())
-        bounds = [self.total - self.margin()] if self.total else []
-        reading = self.ledger.reading() if self.ledger is not None else None
-        if reading is not None and reading.limit is not None:
-            idle = self.ledger.idle  # type: ignore[union-attr]
-            besides = max(0, (idle if idle is not None else reading.working_set) - kept)
-            bounds.append(reading.limit - self.margin(reading.limit) - besides)
-        else:
-            bounds.append(kept + self.probe.device_free() - self.margin())
-        return max(0, min(bounds))
 
     # ------------------------------------------------------------------ reports
 

@@ -33,7 +33,6 @@ from core.units import Capture
 from core.runner import run_node
 from core.runtimes import KINDS, TORCH, load as rt_load
 from core.runtimes.base import RuntimeOptions, UnitRuntime
-from core.runtimes.eager import EagerUnits
 from core.walk import walk
 from core.program import Step
 from core.runs import TreeIndex, run_runtime
@@ -61,7 +60,7 @@ class TorchBackend:
                  ) -> None:
         self.capture = capture
         self.like = like  # dtype and device of every buffer
-        self.eager = EagerUnits(capture)
+        self.eager = rt_load(TORCH, capture, RuntimeOptions())
         self.runtimes = runtimes or {}
 
     def _runtime(self, runtime: str) -> UnitRuntime:

@@ -40,6 +40,12 @@ class HostCache:
             if give_back not in self._hooks:
                 self._hooks.append(give_back)
 
+    def unregister(self, give_back: Callable[[], object]) -> None:
+        """A runtime released: its hook no longer called (nor kept)."""
+        with self._lock:
+            if give_back in self._hooks:
+                self._hooks.remove(give_back)
+
     def busy(self) -> None:
         if self._idle is not None:
             self._idle.busy()

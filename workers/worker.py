@@ -183,7 +183,7 @@ class Worker:
         self.lease_timeout_s = lease_timeout_s
         self.runtimes: dict[str, UnitRuntime] = dict(runtimes or {})
         for loaded in self.runtimes.values():
-            probe.keep(loaded, lambda r=loaded: r.cached_bytes)
+            self._loaded(loaded)
         # what the runtimes loaded here read before they make a session or capture a graph:
         # the process's memory on the CPU, the device's free memory on CUDA (not a plan budget)
         room = probe.device_free if probe.device.startswith("cuda") else cpu_free
@@ -196,13 +196,19 @@ class Worker:
         self.prepare(table)
 
     def runtime(self, name: str) -> UnitRuntime:
-        """The runtime ``name``'s units of this model, loaded the first time it is asked for;
-        what it keeps in the device allocator's cache is not counted as free from then on."""
+        """The runtime ``name``'s units of this model, loaded the first time it is asked for
+        (what it keeps of the device allocator's cache, a CUDA graph's pool, the probe never
+        counts as free: ``workers.memory``)."""
         found = self.runtimes.get(name)
         if found is None:
             found = self.runtimes[name] = self.model.load_runtime(name, self.runtime_options)
-            self.probe.keep(found, lambda: found.cached_bytes)  # type: ignore[union-attr]
+            self._loaded(found)
         return found
+
+    def _loaded(self, runtime: UnitRuntime) -> None:
+        """What ``runtime``'s calls cache is the device's memory owner's to give back."""
+        if self.memory is not None:
+            self.memory.runtime_loaded(runtime)
 
     @property
     def held_bytes(self) -> int:
@@ -255,8 +261,9 @@ class Worker:
     def release(self) -> None:
         """Give back what every runtime keeps (the model is being unloaded)."""
         for name, loaded in list(self.runtimes.items()):
+            if self.memory is not None:
+                self.memory.runtime_released(loaded)
             loaded.release()
-            self.probe.drop(loaded)
             del self.runtimes[name]
 
     @property

@@ -17,6 +17,7 @@ import sys
 
 MODULES = ("planner.cli", "planner.profiling.energy", "workers.worker", "workers.plans_measured",
            "service.commands", "service.main", "service.grpc_server", "service.oip",
+           "loadgen.processes",
            "pytest", "pytest_timeout", "hypothesis", "yaml", "httpx", "matplotlib")
 
 

@@ -10,8 +10,9 @@ part of the profile's fingerprint, so a table is never read for kernels it was n
 on.
 
 Every runtime is one module here with a ``load(capture, options)`` that gives a
-``UnitRuntime`` (``core.runtimes.base``); the executor, the worker and the registry use only
-that interface, through ``load`` below. Its measurement lives in ``planner/profiling/``.
+``UnitRuntime`` (``core.runtimes.base``), and where it runs a model compiled into the store
+without torch, a module whose ``load(graphs, options)`` does so; the executor, the worker and
+the registry use only that interface, through ``load`` and ``load_compiled`` below. Its measurement lives in ``planner/profiling/``.
 
 This module stays light (no torch, no onnxruntime import): ``vbs solve`` reads plans.
 """
@@ -28,6 +29,7 @@ from core.errors import UsageError
 
 if TYPE_CHECKING:
     from core.runtimes.base import RuntimeOptions, UnitRuntime
+    from core.runtimes.onnx_compose import UnitGraphs
     from core.units import Capture
 
 TORCH = "torch"
@@ -55,12 +57,15 @@ class Kind:
     # its calls may run the model's torch modules (a CUDA graph's capture does), so they
     # never run beside a torch.fx trace (``core.units.MODULE_GATE``)
     modules: bool = True
+    # the module whose ``load(graphs, options)`` runs a compiled model's unit graphs on numpy
+    # arrays, with no torch in the process ('': it needs the torch model)
+    compiled: str = ""
 
 
 KINDS = {
     TORCH: Kind(TORCH, "core.runtimes.eager", "torch", ("cpu", "cuda"), calls=False),
     ONNXRUNTIME: Kind(ONNXRUNTIME, "core.runtimes.onnxrt", "onnxruntime", ("cpu",), calls=True,
-                        modules=False),
+                        modules=False, compiled="core.runtimes.ort_arrays"),
     CUDAGRAPH: Kind(CUDAGRAPH, "core.runtimes.cudagraph", "torch", ("cuda",), calls=True),
 }
 
@@ -112,3 +117,14 @@ def load(name: str, capture: "Capture", options: "RuntimeOptions") -> "UnitRunti
     if kind is None:
         raise UsageError(f"no unit runtime {name!r}: use one of {', '.join(RUNTIMES)}")
     return importlib.import_module(kind.module).load(capture, options)  # type: ignore[no-any-return]
+
+
+def load_compiled(name: str, graphs: "UnitGraphs", options: "RuntimeOptions") -> "UnitRuntime":
+    """The units of a compiled model (its stored unit graphs) on runtime ``name``, on numpy
+    arrays, without torch."""
+    kind = KINDS.get(name)
+    if kind is None or not kind.compiled:
+        runs = ", ".join(k.name for k in KINDS.values() if k.compiled)
+        raise UsageError(f"{graphs.shapes.name}: a worker without torch runs {runs} only, not "
+                         f"{name}: plan it with --runtime {runs}, or serve it with torch")
+    return importlib.import_module(kind.compiled).load(graphs, options)  # type: ignore[no-any-return]

@@ -5,9 +5,12 @@ size, reading the walk's input and giving an output buffer the walk then owns an
 the activations between calls stay the executor's and the table's accounting holds (a run of
 one unit is a step). What a runtime keeps between calls (ONNX Runtime's sessions, CUDA
 graphs and their private memory pool) it makes ahead in ``prepare`` and says in
-``held_bytes``; the part of the device allocator's cache it keeps for itself, which a reading
-of free device memory would otherwise count as free, in ``cached_bytes``. ``release`` gives
-it all back (a table swapped out, a model unloaded).
+``held_bytes``, and the part of the device allocator's cache it keeps for itself in
+``cached_bytes``, a report only (no reading of free device memory counts such bytes as free:
+``workers.memory``). What its calls leave cached between them, which the next call would make
+again (ONNX Runtime's arena), ``give_back`` returns to the system when the device's memory
+owner asks (at rest, when memory is short). ``release`` gives it all back (a table swapped out,
+a model unloaded).
 
 Errors: ``core.errors.ExecutionError`` for a run it cannot make, ``OutOfMemoryError`` when
 what it would make does not fit in ``RuntimeOptions.room`` (the worker then runs a smaller
@@ -59,7 +62,12 @@ class UnitRuntime(Protocol):
 
     @property
     def cached_bytes(self) -> int:
-        """The part of the device allocator's cache it keeps for itself (not free for plans)."""
+        """The part of the device allocator's cache it keeps for itself, unused now (a report:
+        never counted as free for plans)."""
+
+    def give_back(self) -> None:
+        """Give back what its calls leave cached between them, keeping what it holds (may act
+        for every runtime of its kind in the process: ONNX Runtime's arena is shared)."""
 
     def release(self) -> None:
         """Give back everything it keeps."""

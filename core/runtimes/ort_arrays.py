@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from core.errors import ExecutionError
+from core.runtimes.base import RuntimeOptions
 from core.runtimes.onnx_compose import UnitGraphs
 from core.runtimes.ort_sessions import NUMPY, OrtSessions
 from core.tree import Node
@@ -51,3 +52,8 @@ class ArrayUnits(OrtSessions):
                     (x.__array_interface__["data"][0], x.shape),
                     (out.__array_interface__["data"][0], out.shape))
         return out
+
+
+def load(graphs: UnitGraphs, options: RuntimeOptions) -> ArrayUnits:
+    return ArrayUnits(graphs, spin=options.spin, max_sessions=options.max_sessions,
+                      room=options.room, arena=options.arena)

@@ -211,6 +211,10 @@ class OrtSessions:
     def cached_bytes(self) -> int:
         return 0
 
+    def give_back(self) -> None:
+        """Give back the shared arena's free regions (every session's: ``give_back_arena``)."""
+        give_back_arena()
+
     def release(self) -> None:
         """Give back every session (a call still running keeps its own)."""
         with self._lock:

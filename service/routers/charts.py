@@ -18,6 +18,7 @@ from fastapi.responses import Response
 from planner.view.data import curves, tree
 from service.deps import ApiKey, RegistryDep
 from service.errors import field_error
+from service.claims import of as claims_of
 
 router = APIRouter(prefix="/models", tags=["models"], dependencies=[ApiKey])
 
@@ -32,9 +33,9 @@ async def get_curves(
         name: str, request: Request, registry: RegistryDep,
         batch: Annotated[int | None, Query(description="request size; default: the table's largest")] = None,
 ) -> Response:
-    request.state.vbs_endpoint = "models"
+    claims_of(request.state).endpoint = "models"
     entry = registry.planned_entry(name)
-    request.state.vbs_model = entry.name
+    claims_of(request.state).model = entry.name
     table, tables = entry.table, entry.tables
     r = table.batch_max if batch is None else batch
     if not 1 <= r <= table.batch_max:
@@ -49,9 +50,9 @@ async def get_curves(
 @router.get("/{name}/tree", summary="The model's division tree (no measurements)",
             responses=_ERRORS)
 async def get_tree(name: str, request: Request, registry: RegistryDep) -> Response:
-    request.state.vbs_endpoint = "models"
+    claims_of(request.state).endpoint = "models"
     entry = registry.planned_entry(name)
-    request.state.vbs_model = entry.name
+    claims_of(request.state).model = entry.name
     profile = entry.profile
     answer = entry.cached(("tree", entry.fingerprint), lambda: orjson.dumps({
         "model": entry.name, "fingerprint": entry.fingerprint, "root": tree(profile)}))

@@ -8,6 +8,7 @@ from fastapi.responses import JSONResponse
 from service.deps import RegistryDep
 from service.errors import NOT_READY, error_responses
 from service.registry import Registry
+from service.claims import of as claims_of
 
 router = APIRouter(prefix="/health", tags=["health"])
 
@@ -22,12 +23,12 @@ def readiness(registry: Registry) -> JSONResponse:
 
 @router.get("/live", summary="Liveness: the process answers")
 async def get_live(request: Request) -> dict[str, bool]:
-    request.state.vbs_endpoint = "health"
+    claims_of(request.state).endpoint = "health"
     return {"live": True}
 
 
 @router.get("/ready", summary="Readiness: every model and its table loaded",
             responses=error_responses(NOT_READY))
 async def get_ready(request: Request, registry: RegistryDep) -> JSONResponse:
-    request.state.vbs_endpoint = "health"
+    claims_of(request.state).endpoint = "health"
     return readiness(registry)

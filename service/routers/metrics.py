@@ -6,12 +6,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from service.deps import MetricsDep
+from service.claims import of as claims_of
 
 router = APIRouter(tags=["metrics"])
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
 async def get_metrics(request: Request, metrics: MetricsDep) -> Response:
-    request.state.vbs_endpoint = "metrics"
+    claims_of(request.state).endpoint = "metrics"
     content, media_type = metrics.render()
     return Response(content, media_type=media_type)

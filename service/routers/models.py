@@ -12,16 +12,17 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from service.deps import RegistryDep
+from service.claims import of as claims_of
 
 router = APIRouter(tags=["models"])
 
 
 @router.get("/models", summary="The served models and their tables")
 async def get_models(request: Request, registry: RegistryDep) -> dict[str, Any]:
-    request.state.vbs_endpoint = "models"
+    claims_of(request.state).endpoint = "models"
     return {"models": [e.describe() for e in registry.entries.values()],
             "ready": registry.ready, "store_up": registry.store_up, "memory": registry.arbiters(),
             "memory_limit": registry.memory.report().to_json(),
-            "models_memory": {"capacity_bytes": registry.memory.models_capacity(),
-                              "kept_bytes": registry.memory.kept(),
+            "models_memory": {"capacity_bytes": registry.memory.models.capacity(),
+                              "kept_bytes": registry.memory.models.kept(),
                               "configured_bytes": registry.memory.total or None}}

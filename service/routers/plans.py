@@ -24,6 +24,7 @@ from service.deps import ApiKey, RegistryDep
 from service.errors import BAD_REQUEST, NO_MODEL, NOT_READY, UNAUTHORIZED, error_responses, \
     field_error
 from service.explain import explain
+from service.claims import of as claims_of
 
 router = APIRouter(tags=["plans"], dependencies=[ApiKey])
 
@@ -38,9 +39,9 @@ async def get_plan(
         model: Annotated[str | None, Query(description="served model name; default: the only one")] = None,
         program: Annotated[bool, Query(description="also list every step of each plan")] = False,
 ) -> Response:
-    request.state.vbs_endpoint = "plan"
+    claims_of(request.state).endpoint = "plan"
     entry = registry.planned_entry(model)
-    request.state.vbs_model = entry.name
+    claims_of(request.state).model = entry.name
     table = entry.table
     r = table.batch_max if batch is None else batch
     if not 1 <= r <= table.batch_max:

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from service.deps import ApiKey, RegistryDep
 from service.errors import (BAD_REQUEST, NO_MODEL, UNAUTHORIZED, error_responses,
                             field_error)
+from service.claims import of as claims_of
 
 router = APIRouter(prefix="/v2/repository", tags=["model repository"], dependencies=[ApiKey])
 MAX_BODY = 64 * 1024  # a repository request carries a few parameters
@@ -90,7 +91,7 @@ def _parameters(body: dict[str, Any]) -> dict[str, Any]:
              openapi_extra=INDEX_BODY,
              responses=error_responses({**BAD_REQUEST, **UNAUTHORIZED}))
 async def post_index(request: Request, registry: RegistryDep) -> JSONResponse:
-    request.state.vbs_endpoint = "models"
+    claims_of(request.state).endpoint = "models"
     body = await _body(request)
     ready = body.get("ready", False)
     if not isinstance(ready, bool):
@@ -116,9 +117,9 @@ async def post_unload(name: str, request: Request, registry: RegistryDep) -> JSO
 
 async def _change(name: str, request: Request, registry: Any, *, loading: bool) -> JSONResponse:
     """Load or unload model ``name``, its body's parameters checked; its index entry after."""
-    request.state.vbs_endpoint = "models"
+    claims_of(request.state).endpoint = "models"
     entry = registry.get(name)
-    request.state.vbs_model = entry.name
+    claims_of(request.state).model = entry.name
     check_parameters(_parameters(await _body(request)), "parameters", loading=loading)
     residency = registry.residency
     await (residency.load(entry) if loading else residency.unload(entry))

@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service.deps import ApiKey, MetricsDep, RegistryDep
 from service.live import watch_tables
+from service.claims import of as claims_of
 
 
 @asynccontextmanager
@@ -43,9 +44,9 @@ router = APIRouter(prefix="/models", tags=["models"], dependencies=[ApiKey], lif
                        503: {"description": "model loading or failed"}})
 async def get_stats(name: str, request: Request, registry: RegistryDep,
                     metrics: MetricsDep) -> dict[str, Any]:
-    request.state.vbs_endpoint = "models"
+    claims_of(request.state).endpoint = "models"
     entry = registry.planned_entry(name)
-    request.state.vbs_model = entry.name
+    claims_of(request.state).model = entry.name
     probe = registry.memory.probe
     free = await run_in_threadpool(probe.free)
     live = metrics.live

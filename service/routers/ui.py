@@ -16,6 +16,7 @@ from fastapi.responses import RedirectResponse, Response
 from planner.view.page import ASSETS, asset
 from service import favicon
 from service.errors import AssetNotFoundError
+from service.claims import of as claims_of
 
 router = APIRouter(tags=["ui"])
 _SERVED = ("ui.js", "ui.css")
@@ -36,21 +37,21 @@ def _page() -> bytes:
 @router.get("/", summary="Redirect to the page", response_class=RedirectResponse,
             status_code=307)
 async def get_root(request: Request) -> RedirectResponse:
-    request.state.vbs_endpoint = "other"
+    claims_of(request.state).endpoint = "other"
     return RedirectResponse("ui", status_code=307)
 
 
 @router.get("/ui", summary="The page: plans, memory and live traffic of every model",
             response_class=Response, responses={200: {"content": {"text/html": {}}}})
 async def get_ui(request: Request) -> Response:
-    request.state.vbs_endpoint = "other"
+    claims_of(request.state).endpoint = "other"
     return Response(_page(), media_type=ASSETS["ui.html"], headers={"Cache-Control": "no-cache"})
 
 
 @router.get("/favicon.ico", summary="The page's icon", response_class=Response,
             responses={200: {"content": {favicon.MEDIA_TYPE: {}}}})
 async def get_favicon(request: Request) -> Response:
-    request.state.vbs_endpoint = "other"
+    claims_of(request.state).endpoint = "other"
     return Response(favicon.icon(), media_type=favicon.MEDIA_TYPE,
                     headers={"Cache-Control": "public, max-age=86400"})
 
@@ -58,7 +59,7 @@ async def get_favicon(request: Request) -> Response:
 @router.get("/ui/{asset_name}", summary="The page's script and style sheet",
             response_class=Response, responses={404: {"description": "no such file"}})
 async def get_asset(asset_name: str, request: Request) -> Response:
-    request.state.vbs_endpoint = "other"
+    claims_of(request.state).endpoint = "other"
     if asset_name not in _SERVED:
         raise AssetNotFoundError(f"asset_name: the page has no file {asset_name!r}; it has "
                                  f"{', '.join(_SERVED)}")

@@ -15,7 +15,7 @@ from core.errors import UsageError
 from planner.settings import split_model_entry
 from service.settings import Settings
 from service.cli import serve_settings
-from service.loadtest import check_loopback, format_table, run_loadtest
+from loadgen.loadtest import check_loopback, format_table, run_loadtest
 from service.main import create_app
 from tests.service.conftest import ServerThread, settings_for
 

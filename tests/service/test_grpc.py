@@ -25,7 +25,7 @@ from core.errors import UsageError
 from service.settings import Settings
 from service.cli import serve_settings
 from service.commands import build_parser, main
-from service.loadtest_grpc import check_target, run_grpc_loadtest
+from loadgen.loadtest_grpc import check_target, run_grpc_loadtest
 from service.main import create_app
 from tests.conftest import free_port
 from tests.service.conftest import (TINY_SHAPE, ServerThread, assert_close, reference, run,

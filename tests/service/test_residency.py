@@ -116,7 +116,7 @@ def test_a_request_loads_its_model_and_the_least_recently_used_idle_one_goes(
             assert meta["outputs"][0]["shape"] == [-1, 4096]
             assert meta["parameters"]["state"] == "unloaded"
             assert_error(await client.get("/v2/models/c/ready"), 503, "unloaded")
-            kept = registry.memory.kept()
+            kept = registry.memory.models.kept()
             assert set(kept) == {"a", "b"} and kept["a"] == registry.entries["a"].kept_bytes
             assert registry.memory.plan_free() == TWO - sum(kept.values())
 
@@ -128,7 +128,7 @@ def test_a_request_loads_its_model_and_the_least_recently_used_idle_one_goes(
             assert "make room" in registry.entries["b"].reason
             gc.collect()
             assert module() is None, "the unloaded model's weights are still referenced"
-            kept = registry.memory.kept()  # b counted back: what plans may use grew by it
+            kept = registry.memory.models.kept()  # b counted back: what plans may use grew by it
             assert set(kept) == {"a", "c"}
             assert registry.memory.plan_free() == TWO - sum(kept.values())
             assert registry.entries["b"].worker is None and registry.entries["b"].batcher is None
@@ -138,7 +138,7 @@ def test_a_request_loads_its_model_and_the_least_recently_used_idle_one_goes(
             r = await client.post("/infer", params={"model": "a"}, json={"inputs": x.tolist()})
             assert r.status_code == 200 and r.json()["timing"]["load_wait_s"] > 0
             assert states(app) == {"a": "ready", "b": "ready", "c": "unloaded"}  # c: used before b
-            kept = registry.memory.kept()
+            kept = registry.memory.models.kept()
 
             models = (await client.get("/models")).json()
             assert models["models_memory"]["configured_bytes"] == TWO
@@ -349,7 +349,7 @@ def test_traffic_cycling_through_more_models_than_fit_is_all_answered(
             model = names[(c + k) % len(names)]
             r = await http.post("/infer", params={"model": model},
                                 json={"inputs": xs[k].tolist()})
-            seen.append(sum(registry.memory.kept().values()))
+            seen.append(sum(registry.memory.models.kept().values()))
             if r.status_code != 200:
                 problems.append(f"{model}: {r.status_code} {r.text}")
                 continue

@@ -82,14 +82,21 @@ def _check(worker: Worker, r: int, limit: int) -> None:
             assert measured == choice.peak_bytes, name
 
 
+# budgets (fractions of the table's top) and request sizes checked per model; c3d's 16 frames
+# at 112x112 cost the most of the suite, so it is checked at the ends of both ranges only
+GRID = ((1.0, 0.5, 0.25), (1, 3, B))
+GRIDS = {"c3d": ((1.0, 0.25), (1, B))}
+
+
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_plans_run_exactly_within_memory(name: str) -> None:
     worker = _worker(name)
     top = worker.table.top_bytes
     smallest = _smallest(worker)
-    for fraction in (1.0, 0.5, 0.25):
+    fractions, sizes = GRIDS.get(name, GRID)
+    for fraction in fractions:
         limit = max(smallest, int(top * fraction))
-        for r in (1, 3, B):
+        for r in sizes:
             _check(worker, r, limit)
 
 

@@ -1,5 +1,5 @@
 """What loaded models keep, counted by the device's one owner of memory
-(``DeviceMemory.model_loaded`` / ``model_unloaded`` / ``models_capacity``) on a recorded
+(``DeviceMemory.models``: ``loaded`` / ``unloaded`` / ``capacity`` / ``fit``) on a recorded
 cgroup and under a configured total: the capacity the models share, the plans' budget under
 the total, and the idle working set moved by a load or an unload while requests are held (it
 cannot be read then) and read again once nothing is."""
@@ -12,6 +12,8 @@ import pytest
 
 from tests.workers.cgroups import IDLE, LIMIT, MiB, Recorded, table_of
 from workers.device_memory import DeviceMemory
+from workers.ledger import RESERVE_SHARE
+from workers.models_memory import ModelCost
 
 MARGIN = 32 * MiB
 WEIGHTS = 100 * MiB
@@ -33,16 +35,17 @@ def _memory(recorded: Recorded, total: int = 0) -> DeviceMemory:
 def test_under_a_cgroup_the_models_share_the_limit_less_what_the_process_holds(
         recorded: Recorded) -> None:
     memory = _memory(recorded)
-    assert memory.growth == 2.0 and memory.kept() == {}
-    assert memory.models_capacity() == LIMIT - MARGIN - IDLE
+    assert memory.growth == 2.0 and memory.models.kept() == {}
+    assert memory.models.capacity() == LIMIT - MARGIN - IDLE
     recorded.use(IDLE + WEIGHTS)  # the model's weights are in the group now, nothing held
-    memory.model_loaded("m", WEIGHTS)
-    assert memory.kept() == {"m": WEIGHTS}
+    memory.models.loaded("m", WEIGHTS)
+    assert memory.models.kept() == {"m": WEIGHTS}
     assert memory.report().idle_working_set_bytes == IDLE + WEIGHTS  # read again
-    assert memory.models_capacity() == LIMIT - MARGIN - IDLE  # what they keep is theirs
+    assert memory.models.capacity() == LIMIT - MARGIN - IDLE  # what they keep is theirs
+    memory.models.unloading("m")
     recorded.use(IDLE)
-    memory.model_unloaded("m", WEIGHTS)
-    assert memory.kept() == {} and memory.report().idle_working_set_bytes == IDLE
+    assert memory.models.unloaded("m") == (WEIGHTS, WEIGHTS)
+    assert memory.models.kept() == {} and memory.report().idle_working_set_bytes == IDLE
 
 
 def test_a_load_while_requests_are_held_moves_the_idle_working_set(recorded: Recorded) -> None:
@@ -50,15 +53,17 @@ def test_a_load_while_requests_are_held_moves_the_idle_working_set(recorded: Rec
     ticket = memory.admit("m", 4 * MiB)
     assert ticket is not None
     recorded.use(IDLE + WEIGHTS + 4 * MiB)
-    memory.model_loaded("m", WEIGHTS)  # cannot be read now: moved by what the model keeps
+    memory.models.loaded("m", WEIGHTS)  # cannot be read now: moved by what the model keeps
     assert memory.report().idle_working_set_bytes == IDLE + WEIGHTS
-    memory.model_unloaded("m", WEIGHTS // 2)  # gave back only half, as measured
+    memory.models.unloading("m")
+    recorded.use(IDLE + WEIGHTS // 2 + 4 * MiB)
+    assert memory.models.unloaded("m") == (WEIGHTS // 2, WEIGHTS)  # only half, as measured
     assert memory.report().idle_working_set_bytes == IDLE + WEIGHTS // 2
     recorded.use(IDLE + WEIGHTS // 2)
     memory.done(ticket)  # nothing held: read again
     assert memory.report().idle_working_set_bytes == IDLE + WEIGHTS // 2
     # what the process holds besides its models stays in the capacity's figure
-    assert memory.models_capacity() == LIMIT - MARGIN - IDLE - WEIGHTS // 2
+    assert memory.models.capacity() == LIMIT - MARGIN - IDLE - WEIGHTS // 2
 
 
 def test_a_configured_total_holds_the_models_and_their_plans(recorded: Recorded) -> None:
@@ -66,12 +71,13 @@ def test_a_configured_total_holds_the_models_and_their_plans(recorded: Recorded)
     total = 256 * MiB
     memory = _memory(recorded, total=total)
     assert memory.growth == 1.0
-    assert memory.models_capacity() == total - MARGIN
+    assert memory.models.capacity() == total - MARGIN
     assert memory.plan_free() == total - MARGIN
-    memory.model_loaded("m", WEIGHTS)
+    memory.models.loaded("m", WEIGHTS)
     assert memory.plan_free() == total - WEIGHTS - MARGIN  # plans get what the models leave
     assert memory.budget() == total - WEIGHTS - MARGIN
-    memory.model_unloaded("m", WEIGHTS)
+    memory.models.unloading("m")
+    assert memory.models.unloaded("m") == (WEIGHTS, WEIGHTS)  # no group: all it kept
     assert memory.plan_free() == total - MARGIN
 
 
@@ -79,7 +85,50 @@ def test_without_any_limit_the_device_free_memory_bounds_them(recorded: Recorded
     (recorded.group / "memory.max").write_text("max\n")
     memory = _memory(recorded)
     memory.probe.source = lambda: 1024 * MiB  # the device's reading
-    assert memory.models_capacity() == 1024 * MiB - MARGIN
-    memory.model_loaded("m", WEIGHTS)
+    assert memory.models.capacity() == 1024 * MiB - MARGIN
+    memory.models.loaded("m", WEIGHTS)
     memory.probe.source = lambda: 1024 * MiB - WEIGHTS  # its weights came off the reading
-    assert memory.models_capacity() == 1024 * MiB - MARGIN  # and count as theirs
+    assert memory.models.capacity() == 1024 * MiB - MARGIN  # and count as theirs
+
+
+def test_what_a_model_keeps_is_the_larger_of_its_parts_and_the_groups_growth(
+        recorded: Recorded) -> None:
+    memory = _memory(recorded)
+    memory.models.loading("m")  # the group read as the load begins
+    recorded.use(IDLE + 3 * WEIGHTS)  # the load grew the group by more than its parts say
+    assert memory.models.loaded("m", WEIGHTS) == 3 * WEIGHTS
+    assert memory.models.kept() == {"m": 3 * WEIGHTS}
+
+
+def test_which_models_fit_is_the_memory_owners_answer(recorded: Recorded) -> None:
+    memory = _memory(recorded)
+    capacity = memory.models.capacity()
+    small = ModelCost("a", keeps=WEIGHTS, one_sample=8 * MiB, working=64 * MiB)
+    fit = memory.models.fit([small])
+    assert fit.capacity == capacity and fit.growth == memory.growth == 2.0
+    assert fit.reserve == capacity // RESERVE_SHARE  # under a limit, for requests' bodies
+    assert fit.need == WEIGHTS + 2 * 8 * MiB and fit.fits
+    assert memory.models.fit([small], working=True).need == WEIGHTS + 2 * 64 * MiB
+    assert memory.models.never_fits(small) is None
+    huge = ModelCost("b", keeps=capacity, one_sample=8 * MiB, working=8 * MiB)
+    assert not memory.models.fit([huge]).fits
+    why = memory.models.never_fits(huge)
+    assert why is not None and "raise the memory limit" in why and str(capacity) in why
+    # a loaded model counts what it kept, not its estimate
+    memory.models.loaded("b", 4 * MiB)
+    assert memory.models.fit([huge]).kept == 4 * MiB
+
+
+def test_a_loads_place_is_held_until_the_load_ends(recorded: Recorded) -> None:
+    memory = _memory(recorded)
+    cost = ModelCost("m", keeps=WEIGHTS, one_sample=16 * MiB, working=16 * MiB)
+    assert memory.models.admit_load(cost)
+    assert memory.report().held_bytes == WEIGHTS  # counted as in the group at once
+    memory.models.load_ended("m")
+    assert memory.report().held_bytes == 0
+    assert memory.models.admit_load(cost)
+    recorded.use(IDLE + WEIGHTS)
+    memory.models.loaded("m", WEIGHTS)  # its place goes with the load
+    assert memory.report().held_bytes == 0 and memory.models.kept() == {"m": WEIGHTS}
+    memory.models.load_ended("m")  # once
+    assert memory.report().held_bytes == 0

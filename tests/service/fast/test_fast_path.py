@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from PIL import Image
 from starlette.exceptions import HTTPException
 
+from service.claims import of as claims_of
 from service.settings import Settings
 from planner.solver.tables import build_table
 from core.tree import Layer, Profile
@@ -395,7 +396,7 @@ def _echo_apps(settings: Settings) -> tuple[FastPathApp, FastAPI]:
     router = APIRouter(prefix="/p", route_class=LeanRoute)
 
     async def echo(request: Request, name: str) -> Response:
-        request.state.vbs_endpoint = "infer"
+        claims_of(request.state).endpoint = "infer"
         query, body = await inference_call(request, InferQuery)
         if name == "bad":
             raise field_error("body", "is not what it should be")

@@ -1,6 +1,6 @@
 """``vbs loadtest --protocol grpc``: the load test over the Open Inference Protocol's gRPC.
 
-The same clients, counts and report as over HTTP (``service.loadtest``), each client calling
+The same clients, counts and report as over HTTP (``loadgen.loadtest``), each client calling
 ``ModelInfer`` with K random samples as raw tensor bytes (``raw_input_contents``, as Triton's
 perf_analyzer and tritonclient send them) as fast as answers come back, all over one HTTP/2
 channel. The breakdown comes from the answer's parameters, as over HTTP; "rest" is gRPC both
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import UsageError
-from service.loadtest import Answer, RequestFailed, check_load, closed_loop
+from loadgen.loadtest import Answer, RequestFailed, check_load, closed_loop
 
 DEFAULT_TARGET = "127.0.0.1:8001"
 
@@ -42,10 +42,10 @@ async def run_grpc_loadtest(target: str, model: str, *, clients: int, duration_s
                             samples: int = 1, api_key: str | None = None,
                             timeout_s: float = 60.0, seed: int = 0,
                             warmup_s: float = 0.0) -> dict[str, Any]:
-    """Run the load test over gRPC and return its summary (``service.loadtest.Result``)."""
+    """Run the load test over gRPC and return its summary (``loadgen.loadtest.Result``)."""
     import grpc
 
-    from service.grpc_codec import parameters_of
+    from loadgen.wire import parameters_of
     from service.oip import pb, rpc
 
     address = check_target(target)

@@ -1,5 +1,6 @@
-"""``vbs loadtest --processes`` (service.loadgen): client processes against a real server (uvicorn
-in a thread, HTTP and gRPC), a closed loop and an open one, and the options it refuses."""
+"""``vbs loadtest --processes`` (loadgen.processes): client processes against a real server
+(uvicorn in a thread, HTTP and gRPC), a closed loop and an open one, and the options it
+refuses."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import pytest
 
 from core.errors import UsageError
 from service.commands import main
-from service.loadgen import configure, parse_cpus, run_load
-from service.loadtest import format_table
+from loadgen.loadtest import format_table
+from loadgen.processes import configure, parse_cpus, run_load
 from service.main import create_app
 from tests.conftest import free_port
 from tests.service.conftest import TINY_SHAPE, ServerThread, settings_for

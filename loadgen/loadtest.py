@@ -12,9 +12,9 @@ over between threads: the client's time minus the four). Only loopback hosts are
 is a bench for the machine the service runs on, not a tool to load someone else's server.
 
 These clients share one Python process, whose CPU per request (httpx, encoding each request)
-counts in what is measured; ``vbs loadtest --processes`` (``service.loadgen``) runs the load in
-client processes instead, requests encoded once, closed or open loop, the processes' own CPU
-reported beside the same figures.
+counts in what is measured; ``vbs loadtest --processes`` (``loadgen.processes``) runs the load
+in client processes instead, requests encoded once, closed or open loop, the processes' own
+CPU reported beside the same figures.
 """
 
 from __future__ import annotations
@@ -286,7 +286,7 @@ def format_table(summary: dict[str, Any]) -> str:
         ("p50 " + " / ".join(PARTS), " / ".join(ms(summary["breakdown_p50_s"][k]) for k in PARTS)),
         ("p99 " + " / ".join(PARTS), " / ".join(ms(summary["breakdown_p99_s"][k]) for k in PARTS)),
     ]
-    if "loop" in summary:  # service.loadgen's client processes
+    if "loop" in summary:  # loadgen.processes's client processes
         rows += _generator_rows(summary, ms)
     if summary["errors_by_status"]:
         rows.append(("errors by status", ", ".join(f"{k}: {v}" for k, v in

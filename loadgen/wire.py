@@ -1,4 +1,5 @@
-"""What a client process of ``vbs loadtest --processes`` sends and reads (``service.loadgen``).
+"""What a client process of ``vbs loadtest --processes`` sends and reads
+(``loadgen.processes``).
 
 Every request is encoded once, before the load starts: over HTTP a whole HTTP/1.1 request (head
 and body) in the Open Inference Protocol v2 with its binary tensor extension, asking for the
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from service.loadtest import Answer, RequestFailed
+from loadgen.loadtest import Answer, RequestFailed
 
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 _LENGTH = b"\r\ncontent-length:"
@@ -65,16 +66,21 @@ def http_timing(header: bytes | memoryview) -> dict[str, Any] | None:
     return params if isinstance(params, dict) and "run_s" in params else None
 
 
-def grpc_timing(answer: bytes) -> dict[str, Any] | None:
-    """vbs-serve's timings from a serialized ``ModelInferResponse`` (None where it has none).
-    (As ``service.grpc_codec.parameters_of`` reads them, without importing the service.)"""
-    from service.oip import pb
-
+def parameters_of(source: Any) -> dict[str, Any]:
+    """A map of OIP ``InferParameter`` as plain scalars (read on every answer: one look at each)."""
     params = {}
-    for key, value in pb.ModelInferResponse.FromString(answer).parameters.items():
+    for key, value in source.items():
         which = value.WhichOneof("parameter_choice")
         if which:
             params[key] = getattr(value, which)
+    return params
+
+
+def grpc_timing(answer: bytes) -> dict[str, Any] | None:
+    """vbs-serve's timings from a serialized ``ModelInferResponse`` (None where it has none)."""
+    from service.oip import pb
+
+    params = parameters_of(pb.ModelInferResponse.FromString(answer).parameters)
     return params if "run_s" in params else None
 
 
@@ -264,4 +270,4 @@ class GrpcClient:
 
 
 __all__ = ["GRPC_INFER", "GrpcClient", "HttpClient", "HttpConnection", "grpc_request",
-           "grpc_timing", "http_request", "http_timing"]
+           "grpc_timing", "http_request", "http_timing", "parameters_of"]

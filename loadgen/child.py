@@ -1,8 +1,8 @@
-"""A client process of ``vbs loadtest --processes`` (``service.loadgen`` starts it as
-``python -c 'import service.loadgen_child as c; c.main(FD)'`` with one end of a pipe).
+"""A client process of ``vbs loadtest --processes`` (``loadgen.processes`` starts it as
+``python -c 'import loadgen.child as c; c.main(FD)'`` with one end of a pipe).
 
 It reads its ``Load`` from the pipe, pins itself to ``Load.cpus``, encodes its request and
-connects (``service.loadgen_wire``), says "ready", waits for the common start instant, then
+connects (``loadgen.wire``), says "ready", waits for the common start instant, then
 runs its share of the closed loop (its requests in flight, each sent again when answered) or
 of the open loop (its arrivals a second, each sent at its time whatever is in flight), and
 sends back a ``ChildReport`` of the window: answers and errors received in it, requests sent
@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from service.loadgen import LATE_S, MAX_CONNECTIONS, READY_TIMEOUT_S, ChildReport, Load
-from service.loadtest import Answer, RequestFailed, Result
+from loadgen.loadtest import Answer, RequestFailed, Result
+from loadgen.processes import LATE_S, MAX_CONNECTIONS, READY_TIMEOUT_S, ChildReport, Load
 
 
 def main(fd: int) -> None:
@@ -162,7 +162,7 @@ async def _request(client: Any, tally: _Tally, due: float | None) -> None:
 async def _client(load: Load) -> Any:
     """The process's client, its request encoded, its first connections open and one request
     answered."""
-    from service import loadgen_wire as wire
+    from loadgen import wire
 
     x = np.random.default_rng(load.seed + load.index).standard_normal(
         (load.samples, *load.shape)).astype("<f4")

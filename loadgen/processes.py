@@ -2,7 +2,7 @@
 
 P client processes (each its own interpreter, started with ``subprocess``; ``--cpus`` pins
 every one of them to those CPUs with ``os.sched_setaffinity``) send requests encoded once
-beforehand (``service.loadgen_wire``: HTTP in the OIP v2 binary tensor extension, or gRPC
+beforehand (``loadgen.wire``: HTTP in the OIP v2 binary tensor extension, or gRPC
 ``ModelInfer`` with raw tensor bytes) and read of each answer only its status and the timings
 the service returns. Two loops:
 
@@ -23,8 +23,8 @@ its end, and each process's own CPU (``getrusage``: user + system, every thread)
 summed. Nothing is drained after the window: each process reports and exits.
 
 Here: the options, checked (``configure``), and the parent (``run_load``: start, synchronize,
-gather; ``summary``); a client process's body is ``service.loadgen_child``, what it sends and
-reads ``service.loadgen_wire``.
+gather; ``summary``); a client process's body is ``loadgen.child``, what it sends and
+reads ``loadgen.wire``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from core.errors import UsageError
-from service.loadtest import Result, check_load, check_loopback
+from loadgen.loadtest import Result, check_load, check_loopback
 
 MAX_PROCESSES = 64
 MAX_CONCURRENCY = 4096
@@ -55,7 +55,7 @@ READY_TIMEOUT_S = 60.0       # for every process to start, connect and say so
 START_DELAY_S = 0.05         # from "all ready" to the common start
 ARRIVALS = ("poisson", "fixed")
 ROOT = Path(__file__).resolve().parent.parent
-CHILD = "import sys, service.loadgen_child as c; c.main(int(sys.argv[1]))"  # a client process
+CHILD = "import sys, loadgen.child as c; c.main(int(sys.argv[1]))"  # a client process
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def configure(protocol: str, url: str | None, model: str, *, processes: int | No
         raise UsageError(f"--format {fmt}: the client processes send OIP v2 with binary "
                          "tensors; leave --format out")
     if protocol == "grpc":
-        from service.loadtest_grpc import DEFAULT_TARGET, check_target
+        from loadgen.loadtest_grpc import DEFAULT_TARGET, check_target
         address = check_target(url or DEFAULT_TARGET)
         base, (host, _, port) = f"grpc://{address}", address.rpartition(":")
     else:
@@ -258,7 +258,7 @@ def _expect(conn: Connection, kind: str, timeout_s: float) -> Any:
 
 
 def summary(load: Load, reports: list[ChildReport]) -> dict[str, Any]:
-    """``service.loadtest.Result.summary``'s keys (over the processes' answers together) and
+    """``loadgen.loadtest.Result.summary``'s keys (over the processes' answers together) and
     the generator's own: the loop, what was sent, late and in flight, the clients' CPU."""
     merged = Result(duration_s=load.duration_s)
     for r in reports:

@@ -1,0 +1,186 @@
+"""What loaded models keep, and whether a set of models fits: the device memory owner's part
+for models (``DeviceMemory.models``).
+
+Why here: which models fit beside each other, what one kept once loaded and what it gave back
+unloaded are memory rules, and the device has one owner of memory. The service decides which
+models to load (least recently used first out, ``service.residency``) and asks here whether
+they fit; it never counts bytes itself. A set fits when what its models keep and the largest
+one-sample plan among them (times the growth a plan causes in the group under a cgroup limit)
+leave the reserve for requests' bodies in the capacity the models share. What a model keeps is
+the larger of what its parts say (weights, sessions, batch buffer) and what the group grew by
+while it loaded, where a cgroup limit is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from workers.ledger import RESERVE_SHARE, Ticket
+
+if TYPE_CHECKING:
+    from workers.device_memory import DeviceMemory
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """What a model takes loaded, as known before it loads."""
+
+    name: str
+    keeps: int        # weights, sessions and batch buffer: as measured or recorded, else weights
+    one_sample: int   # its one-sample plan's bytes (0: no table known yet)
+    working: int      # the bytes at which its batches run at working speed
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Whether a set of models fits the memory models may take, and by what figures."""
+
+    kept: int        # what the models keep loaded
+    plans: int       # the largest plan among them that must fit beside
+    growth: float    # how many times its bytes a plan grows the group by
+    reserve: int     # kept for requests' bodies (under a cgroup limit)
+    capacity: int    # what the models may keep and their plans use, all together
+
+    @property
+    def need(self) -> int:
+        return self.kept + int(self.growth * self.plans)
+
+    @property
+    def fits(self) -> bool:
+        return self.need + self.reserve <= self.capacity
+
+
+class ModelsMemory:
+    """The loaded models' memory on one device (see the module doc)."""
+
+    def __init__(self, owner: DeviceMemory) -> None:
+        self._owner = owner
+        self._kept: dict[str, int] = {}
+        self._before: dict[str, int | None] = {}    # the group's reading as a load or unload began
+        self._loads: dict[str, Ticket | None] = {}  # a load's place among requests' holds
+
+    def kept(self) -> dict[str, int]:
+        """What each loaded model keeps."""
+        return dict(self._kept)
+
+    def kept_total(self) -> int:
+        return sum(self._kept.values())
+
+    def capacity(self) -> int:
+        """What the loaded models may keep and their plans use, all together, now: the least
+        of the configured total less the margin and, under a cgroup limit, the limit less the
+        margin and what the process holds besides its models (the idle working set less what
+        they keep), elsewhere what they keep plus the device's free memory less the margin."""
+        owner = self._owner
+        kept = self.kept_total()
+        bounds = [owner.total - owner.margin()] if owner.total else []
+        ledger = owner.ledger
+        reading = ledger.reading() if ledger is not None else None
+        if reading is not None and reading.limit is not None:
+            idle = ledger.idle  # type: ignore[union-attr]
+            besides = max(0, (idle if idle is not None else reading.working_set) - kept)
+            bounds.append(reading.limit - owner.margin(reading.limit) - besides)
+        else:
+            bounds.append(kept + owner.probe.device_free() - owner.margin())
+        return max(0, min(bounds))
+
+    # ------------------------------------------------------------------ which fit
+
+    def fit(self, models: Iterable[ModelCost], working: bool = False) -> Fit:
+        """Whether ``models`` fit loaded together: what each keeps (as counted for the loaded
+        ones) and their largest one-sample plan (``working``: their working bytes, as at
+        start, so that the models loaded then run near full speed)."""
+        kept, total, plans = self._kept, 0, 0
+        for m in models:
+            total += kept.get(m.name, m.keeps)
+            plans = max(plans, max(m.working, m.one_sample) if working else m.one_sample)
+        capacity = self.capacity()
+        reserve = capacity // RESERVE_SHARE if self._owner.counts_requests else 0
+        return Fit(total, plans, self._owner.growth, reserve, capacity)
+
+    def never_fits(self, model: ModelCost) -> str | None:
+        """Why ``model`` can never be loaded, even alone, under a configured or cgroup limit,
+        in words naming the figures and the fix (None: it can, or only the device's free
+        memory bounds it, which may grow)."""
+        owner = self._owner
+        fit = self.fit([model])
+        if not (owner.total or owner.counts_requests) or fit.fits:
+            return None
+        grown = f" ({fit.growth:g}x as the group grows when it runs)" if fit.growth != 1 else ""
+        if owner.total and owner.total - owner.margin() <= fit.capacity:
+            limit = (f"models_memory_bytes ({owner.total} bytes, less the {owner.margin()} "
+                     "margin) allows")
+            fix = "raise models_memory_bytes (VBS_MODELS_MEMORY_BYTES)"
+        else:
+            report = owner.report()
+            limit = (f"the memory limit ({report.limit_bytes} bytes on cgroup "
+                     f"{report.limit_group}, less its {report.margin_bytes} margin and what "
+                     "the process holds besides its models) leaves")
+            fix = "raise the memory limit"
+        return (f"keeps about {model.keeps} bytes loaded (weights, runtime sessions, its batch "
+                f"buffer) and its one-sample plan needs {model.one_sample}{grown}"
+                + (f", with {fit.reserve} kept for requests" if fit.reserve else "")
+                + f": {fit.need + fit.reserve} bytes in all, more than the {fit.capacity} "
+                f"{limit}; {fix}, or serve it where more memory is")
+
+    # ------------------------------------------------------------------ loads and unloads
+
+    def admit_load(self, model: ModelCost) -> bool:
+        """A place for ``model``'s load among what requests hold, for what it will keep
+        (False: not now; ``RequestTooLargeError`` when never): counted as in the group at
+        once (it is, as its weights are made), not as a body still to come, which the
+        group's reading would count a second time. Held until ``loaded`` or ``load_ended``."""
+        owner = self._owner
+        ticket = owner.admit(model.name, model.keeps, f"loading model {model.name}")
+        if ticket is None:
+            return False
+        owner.resize(ticket, model.keeps)
+        self._loads[model.name] = ticket
+        self._before[model.name] = owner.in_use()
+        return True
+
+    def loading(self, name: str) -> None:
+        """``name`` starts loading without a place asked (at start): the group read now."""
+        self._before.setdefault(name, self._owner.in_use())
+
+    def loaded(self, name: str, parts: int) -> int:
+        """``name`` is loaded and keeps what its parts say (``parts``: weights, sessions,
+        batch buffer), or what the group grew by while it loaded where that is more; counted
+        from now until ``unloaded``; its load's place given back. What it keeps."""
+        before, after = self._before.pop(name, None), self._owner.in_use()
+        kept = max(0, int(parts))
+        if before is not None and after is not None:
+            kept = max(kept, after - before)
+        self._kept[name] = kept
+        self._owner.idle_moved(kept)  # before its place goes: a reading then includes it
+        self._end_load(name)
+        return kept
+
+    def load_ended(self, name: str) -> None:
+        """``name``'s load is over, loaded or not: its place given back, if ``loaded`` has
+        not given it back already."""
+        self._before.pop(name, None)
+        self._end_load(name)
+
+    def _end_load(self, name: str) -> None:
+        ticket = self._loads.pop(name, None)
+        if ticket is not None:
+            self._owner.done(ticket)
+
+    def unloading(self, name: str) -> None:
+        """``name`` is about to give back what it keeps: the group read now."""
+        self._before[name] = self._owner.in_use()
+
+    def unloaded(self, name: str) -> tuple[int, int]:
+        """``name`` gave back what it kept: (what left the group, what it kept). Without a
+        group to read, all it kept is taken as given back."""
+        kept = self._kept.pop(name, 0)
+        before, after = self._before.pop(name, None), self._owner.in_use()
+        released = kept if before is None or after is None else min(kept, max(0, before - after))
+        self._owner.idle_moved(-released)
+        return released, kept
+
+
+__all__ = ["Fit", "ModelCost", "ModelsMemory"]
