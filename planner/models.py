@@ -3,13 +3,17 @@ built-in ``c3d``, or ``pkg.module:factory``), its weights loaded, on its device 
 
 Models are built with random weights (no hub downloads); a weights file is a state_dict read
 with ``torch.load(..., weights_only=True)``. Every failure is a ModelError that says what
-was wrong and what to do. ``sketch_model`` builds one on the meta device: what its weights
+was wrong and what to do. ``sketch_model`` builds one on the meta device (or, where its
+construction needs real tensors, on the CPU with its weights left unset): what its weights
 take and its output shape, without the memory (a server weighs a model before it loads it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,14 +101,45 @@ class ModelSketch:
     output_shape: tuple[int, ...] | None  # per sample; None when the model cannot run on meta
 
 
+_INIT_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _weights_left_unset() -> Iterator[None]:
+    """Every ``torch.nn.init`` function a no-op while a model is built: its weights are
+    allocated (pages mapped lazily, never written) but not initialised, so building it costs
+    neither the time nor the memory of its values."""
+    names = [n for n in dir(nn.init) if n.endswith("_") and not n.startswith("_")]
+    with _INIT_LOCK:
+        saved = {n: getattr(nn.init, n) for n in names}
+        try:
+            for n in names:
+                setattr(nn.init, n, lambda tensor, *args, **kwargs: tensor)
+            yield
+        finally:
+            for n, function in saved.items():
+                setattr(nn.init, n, function)
+
+
+def _build_sketch(name: str) -> nn.Module:
+    """The model on the meta device; where its construction reads a tensor's values (a RegNet
+    computes its widths with tensors), built on the CPU with its weights left unset and then
+    moved to meta. A sketch is a shortcut: it must never refuse a model ``load_model`` builds."""
+    try:
+        with torch.device("meta"):
+            return _build(name)
+    except (ModelError, RuntimeError, NotImplementedError):
+        with _weights_left_unset():
+            return _build(name).to("meta")
+
+
 def sketch_model(spec: ModelSpec, *, check_weights: bool = False) -> ModelSketch:
     """The model built on the meta device (no memory, no weights read): what its weights take
     and, from one pass on meta tensors, its output shape. With ``check_weights`` the weights
     file is read on meta too and must fit the model (what ``load_model`` would refuse, refused
     without the memory it takes: ModelError)."""
     _check(spec)
-    with torch.device("meta"):
-        model = _build(spec.name)
+    model = _build_sketch(spec.name)
     if check_weights and spec.weights is not None:
         _load_weights(model, spec.weights, meta=True)
     shape = spec.input_shape or getattr(model, "input_shape", None) or \

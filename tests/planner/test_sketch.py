@@ -43,3 +43,26 @@ def test_a_weights_file_that_does_not_fit_is_refused_on_meta(tmp_path: Path) -> 
     with pytest.raises(ModelError, match="no weights file"):
         sketch_model(ModelSpec("tests.planner.factories:two_layer",
                                weights=tmp_path / "none.pt"), check_weights=True)
+
+
+def test_every_torchvision_model_is_weighed_without_loading_it() -> None:
+    """A server weighs every model it is given before it loads any (and refuses to start on a
+    model that cannot load): the sketch is a shortcut and must never refuse a model that loads.
+    RegNets compute their widths with tensors, which the meta device cannot read: built on the
+    CPU with their weights left unset, they weigh what loading them allocates."""
+    from planner.families.torchvision import names
+
+    refused = {}
+    for name in names():
+        try:
+            assert sketch_model(ModelSpec(name)).weights_bytes > 0
+        except Exception as exc:  # noqa: BLE001 - every refusal is reported
+            refused[name] = f"{type(exc).__name__}: {str(exc)[:160]}"
+    assert not refused, refused
+    spec = ModelSpec("regnet_y_400mf", input_shape=(3, 64, 64))
+    sketch = sketch_model(spec, check_weights=True)
+    module = load_model(spec).module
+    assert sketch.weights_bytes == sum(t.numel() * t.element_size()
+                                       for t in (*module.parameters(), *module.buffers()))
+    assert sketch.output_shape == (1000,)
+    assert all(p.abs().sum() > 0 for p in module.parameters() if p.dim() > 1)  # init kept
