@@ -12,12 +12,15 @@ PORT   ?= 8000
 # The lowest releases pyproject.toml allows of redis-py, fastapi, starlette, pydantic(-settings),
 # uvicorn, grpcio and protobuf (.ci/lowest.py reads the floors), in a second venv whose .pth adds
 # the main venv's packages after its own: everything else (torch included) comes from the main venv.
+# The tests run there are those that reach these libraries (the store, the HTTP and gRPC edges,
+# settings, the fast path); the memory, many-models, lean-worker and first-start tests, which
+# reach only our own code above them, run once, in the main venv.
 LOWEST  ?= .venv-lowest
 LOWEST_STAMP = $(LOWEST)/.installed
 LOWEST_TESTS = tests/planner/test_store_contract.py tests/planner/test_store_errors.py \
                tests/planner/test_corrupt_data.py tests/service tests/loadgen \
-               --deselect tests/service/test_shutdown.py \
-               --deselect tests/service/test_memory_limit.py
+               $(addprefix --deselect tests/service/,test_shutdown.py test_memory_limit.py \
+                 test_many_models.py test_lean.py test_memory.py test_first_start.py)
 
 # The GPU run (bench/gpu/, docs/gpu.md): DEVICE=cuda on the GPU machine, whose own Python gets
 # the carried wheels (.gpu-wheels/cp312, `make gpu-wheels` here); DEVICE=cpu QUICK=1 rehearses
