@@ -34,17 +34,19 @@ GPU_DEADLINE_S ?= 540
 GPU_PY_VERSION ?= 3.12
 HERE_PY_VERSION = $$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 
-.PHONY: run test test-compute test-service test-lowest gpu-rehearsal setup redis-server \
+.PHONY: run test test-compute test-service test-edges test-lowest gpu-rehearsal setup redis-server \
         chromium clean gpu gpu-wheels
 
 # The suite in two halves. What computes (models profiled, planned and run, each test's thread
 # pools on both cores) runs alone, one test at a time: two such tests side by side, ONNX
 # Runtime's threads spinning against each other's, take twice as long together as one after
 # the other. What mostly waits (servers, sockets, a browser, cgroups: the service, the load
-# generator, the page, the deployment) runs after it, beside the lowest releases' run and the
-# GPU rehearsal, lighter suites of the same kind (`make -j3`). A new folder of tests is in the
-# first half unless it is named here.
-WAITING_TESTS = tests/service tests/loadgen tests/ui tests/deploy
+# generator, the page, the deployment) runs after it, in two processes, beside the lowest
+# releases' run and the GPU rehearsal, lighter suites of the same kind (`make -j4`). A new
+# folder of tests is in the first half unless it is named here.
+SERVICE_TESTS = tests/service
+EDGE_TESTS    = tests/loadgen tests/ui tests/deploy
+WAITING_TESTS = $(SERVICE_TESTS) $(EDGE_TESTS)
 
 # setup.py and the .proto: the build compiles the gRPC protocol's modules from them
 $(STAMP): pyproject.toml setup.py service/oip/grpc_predict_v2.proto
@@ -85,13 +87,17 @@ test-lowest: $(LOWEST_STAMP) redis-server
 
 test: $(STAMP) redis-server chromium
 	$(MAKE) --no-print-directory test-compute
-	$(MAKE) --no-print-directory -j3 --output-sync=target test-service test-lowest gpu-rehearsal
+	$(MAKE) --no-print-directory -j4 --output-sync=target test-service test-edges test-lowest \
+	  gpu-rehearsal
 
 test-compute: $(STAMP)
 	$(BIN)/pytest -q $(addprefix --ignore=,$(WAITING_TESTS))
 
-test-service: $(STAMP) redis-server chromium
-	$(BIN)/pytest -q -p no:cacheprovider $(WAITING_TESTS)
+test-service: $(STAMP) redis-server
+	$(BIN)/pytest -q -p no:cacheprovider $(SERVICE_TESTS)
+
+test-edges: $(STAMP) redis-server chromium
+	$(BIN)/pytest -q -p no:cacheprovider $(EDGE_TESTS)
 
 gpu-rehearsal: $(STAMP)
 	$(MAKE) --no-print-directory gpu DEVICE=cpu QUICK=1
