@@ -60,9 +60,7 @@ class Claims:
         if self._use is not None:
             return
         self._registry = registry
-        residency = registry.residency
-        self._use = residency.pin(entry) if entry.ready else \
-            await residency.use(entry, registry.settings.request_timeout_s)
+        self._use = await registry.residency.use(entry, registry.settings.request_timeout_s)
 
     async def admit(self, registry: Registry, model: str | None, size: int, kind: str,
                     *, received: bool = False) -> None:

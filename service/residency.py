@@ -102,15 +102,10 @@ class Residency:
         for its load (503 with Retry-After after that; 413 when it can never fit; 503 when
         it failed, is still at its first load, or was unloaded through the repository API)."""
         waited = 0.0 if entry.state == READY else await self._bring_in(entry, timeout_s)
-        return self.pin(entry, waited)
-
-    def pin(self, entry: ModelEntry, waited_s: float = 0.0) -> Use:
-        """Pin ``entry``, loaded now, for a request (``use`` without the wait: the common
-        case, with no coroutine on the request path)."""
         assert entry.state == READY
         entry.pins += 1
         entry.last_used = time.monotonic()
-        return Use(entry, waited_s)
+        return Use(entry, waited)
 
     def done(self, use: Use | None) -> None:
         """The request is answered: its model is no longer pinned by it (once)."""

@@ -147,7 +147,7 @@ def test_no_class_of_the_service_or_the_workers_is_longer_than_the_limit() -> No
 def test_a_requests_claims_have_one_owner() -> None:
     """A request's pin and memory ticket are taken and given back only by ``service.claims``
     (HTTP and gRPC alike); memory rules stay with the device's memory owner (workers/)."""
-    claims = re.compile(r"residency\.(pin|done)\(|memory\.(done|resize|keep)\(|vbs_ticket|vbs_use")
+    claims = re.compile(r"residency\.(use|done)\(|memory\.(done|resize|keep)\(|vbs_ticket|vbs_use")
     rules = re.compile(r"\b(RESERVE_SHARE|growth|cpu_free|give_back_arena)\b")
     found = {f"{p.relative_to(ROOT)}:{i}: {line.strip()}"
              for p in _modules("service") for i, line in enumerate(p.read_text().splitlines(), 1)

@@ -60,12 +60,15 @@ class TorchBackend:
                  ) -> None:
         self.capture = capture
         self.like = like  # dtype and device of every buffer
-        self.eager = rt_load(TORCH, capture, RuntimeOptions())
+        self._eager: UnitRuntime | None = None  # torch's, made when a step first needs it
         self.runtimes = runtimes or {}
 
     def _runtime(self, runtime: str) -> UnitRuntime:
         if runtime == TORCH:
-            return self.runtimes.get(TORCH) or self.eager
+            found = self.runtimes.get(TORCH) or self._eager
+            if found is None:  # a backend is made per batch: loaded only where a step asks
+                found = self._eager = rt_load(TORCH, self.capture, RuntimeOptions())
+            return found
         found = self.runtimes.get(runtime)
         if found is None:
             if runtime not in KINDS:

@@ -12,7 +12,8 @@ on.
 Every runtime is one module here with a ``load(capture, options)`` that gives a
 ``UnitRuntime`` (``core.runtimes.base``), and where it runs a model compiled into the store
 without torch, a module whose ``load(graphs, options)`` does so; the executor, the worker and
-the registry use only that interface, through ``load`` and ``load_compiled`` below. Its measurement lives in ``planner/profiling/``.
+the registry use only that interface, through ``load`` and ``load_compiled`` below. Its
+measurement lives in ``planner/profiling/``.
 
 This module stays light (no torch, no onnxruntime import): ``vbs solve`` reads plans.
 """
