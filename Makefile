@@ -44,9 +44,11 @@ HERE_PY_VERSION = $$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[
 # generator, the page, the deployment) runs after it, in two processes, beside the lowest
 # releases' run and the GPU rehearsal, lighter suites of the same kind (`make -j4`). A new
 # folder of tests is in the first half unless it is named here.
-SERVICE_TESTS = tests/service
-EDGE_TESTS    = tests/loadgen tests/ui tests/deploy
-WAITING_TESTS = $(SERVICE_TESTS) $(EDGE_TESTS)
+# (the service's two slowest files, its shutdown and its memory limit, run with the edges: the
+# two processes then take about as long as each other)
+SERVICE_SLOW  = tests/service/test_shutdown.py tests/service/test_memory_limit.py
+EDGE_TESTS    = tests/loadgen tests/ui tests/deploy $(SERVICE_SLOW)
+WAITING_TESTS = tests/service tests/loadgen tests/ui tests/deploy
 
 # setup.py and the .proto: the build compiles the gRPC protocol's modules from them
 $(STAMP): pyproject.toml setup.py service/oip/grpc_predict_v2.proto
@@ -94,7 +96,7 @@ test-compute: $(STAMP)
 	$(BIN)/pytest -q $(addprefix --ignore=,$(WAITING_TESTS))
 
 test-service: $(STAMP) redis-server
-	$(BIN)/pytest -q -p no:cacheprovider $(SERVICE_TESTS)
+	$(BIN)/pytest -q -p no:cacheprovider tests/service $(addprefix --ignore=,$(SERVICE_SLOW))
 
 test-edges: $(STAMP) redis-server chromium
 	$(BIN)/pytest -q -p no:cacheprovider $(EDGE_TESTS)
