@@ -1,23 +1,18 @@
-"""``vbs plan`` and ``vbs show``: tables into the store, and one plan beside the baselines.
+"""``vbs show``, and the model arguments it shares with ``vbs plan`` (``workers.cli_plan``).
 
-    vbs plan [--model [ALIAS=]NAME[@C,H,W] ...] --batch-max B [--store redis://...|DIR]
-             [--solver vbs] [--objective time] [--grid] [--replan]
     vbs show --model NAME --memory 30MB --batch 12 [--store ...]
     vbs show --model NAME --memory 10MB:60MB:10MB --batch 12      (a sweep over budgets)
     vbs show --model NAME [--model ...] --html plans.html [--batch 12]  (the page, one file)
     vbs show --profile resnet50.json --html plans.html                 (from a profile alone)
 
-``plan`` = profile (cached) + solve + publish, for every model (or VBS_MODELS): the one-shot
-job of docker compose and the Kubernetes planner Job. It stores the served solver's table and
-those of the strategies compared with it (paper, greedy, fbs, fbs-best). ``show`` prints, from
-those tables, the plan for a budget and request size of every strategy side by side, vbs's
-gain over each (the headline against fbs-best), and per unit the batch sizes of its phases and
-the memory left unused (the paper's Table III). With ``--html FILE`` it writes the service's
-page (``/ui``) as one self-contained file with those tables' plans embedded: the same plan
-pictures, with a memory slider, for someone without a running service (``planner.view``).
-``--profile FILE`` takes the tables from a profile (solved now, no model or torch needed).
+``show`` prints, from the tables `vbs plan` stored, the plan for a budget and request size of
+every strategy side by side, vbs's gain over each (the headline against fbs-best), and per
+unit the batch sizes of its phases and the memory left unused (the paper's Table III). With
+``--html FILE`` it writes the service's page (``/ui``) as one self-contained file with those
+tables' plans embedded: the same plan pictures, with a memory slider, for someone without a
+running service (``planner.view``). ``--profile FILE`` takes the tables from a profile (solved
+now, no model or torch needed).
 """
-
 from __future__ import annotations
 
 import argparse
@@ -28,7 +23,7 @@ from core.errors import UsageError
 from planner.settings import Settings, split_model_entry
 
 
-def _specs(args: argparse.Namespace, settings: Settings) -> list[tuple[str, Any]]:
+def model_specs(args: argparse.Namespace, settings: Settings) -> list[tuple[str, Any]]:
     """(served name, ModelSpec) for every --model, else every VBS_MODELS entry."""
     from core.spec import ModelSpec
     from core.shapes import parse_shape
@@ -49,33 +44,6 @@ def _specs(args: argparse.Namespace, settings: Settings) -> list[tuple[str, Any]
         out.append((served, ModelSpec(name=name, input_shape=shape, dtype=settings.dtype,
                                       device=settings.device, weights=weights)))
     return out
-
-
-def cmd_plan(args: argparse.Namespace) -> int:
-    from planner.cli import runtime_lines, settings_from
-    from planner.pipeline import prepare
-    from planner.store import open_store
-
-    settings = settings_from(args)
-    store = open_store(settings.store_location)
-    try:
-        for served, spec in _specs(args, settings):
-            prepared = prepare(spec, settings, store, batch_max=args.batch_max,
-                               solver=args.solver or settings.solver,
-                               objective=args.objective or settings.objective,
-                               grid=args.grid or None, replan=args.replan,
-                               progress=not args.quiet, compile=True, served=served)
-            table = prepared.table
-            how = "solved and published" if prepared.published else "already in the store"
-            others = ", ".join(f"{s} {len(t.plans)}" for s, t in prepared.tables.items()
-                               if s != table.solver)
-            print(f"{served}: table {prepared.table_id} (r = 1..{table.batch_max}, "
-                  f"{len(table.plans)} plans; also {others}) {how} at {store.location}")
-            for line in runtime_lines(prepared.profile):
-                print(line)
-    finally:
-        store.close()
-    return 0
 
 
 def _tables_of_profile(args: argparse.Namespace, settings: Settings) -> list[tuple[str, Any, Any]]:
@@ -99,7 +67,7 @@ def _tables_of_models(args: argparse.Namespace, settings: Settings, every: bool
     from planner.pipeline import prepare
     from planner.store import open_store
 
-    specs = _specs(args, settings)
+    specs = model_specs(args, settings)
     store = open_store(settings.store_location)
     out = []
     try:
@@ -170,7 +138,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def add_common_args(p: argparse.ArgumentParser) -> None:
     from planner.cli import add_runtime_arg
 
     p.add_argument("--model", action="append",
@@ -192,17 +160,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 def add_parser(sub: Any) -> None:
     from planner.cli import positive_int
 
-    p = sub.add_parser("plan", help="profile (cached), solve and publish plan tables")
-    _common(p)
-    p.add_argument("--batch-max", type=positive_int, help="largest request size (default: VBS_BATCH_MAX)")
-    p.add_argument("--grid", action="store_true",
-                   help="profile a grid of batch sizes and interpolate (default: VBS_PROFILE_GRID)")
-    p.add_argument("--replan", action="store_true", help="solve again even if the store has the table")
-    p.set_defaults(func=cmd_plan)
-
     p = sub.add_parser("show", help="one plan beside paper, greedy, fbs and fbs-best, per unit "
                                     "(Table III); --html: the page as a file")
-    _common(p)
+    add_common_args(p)
     p.add_argument("--memory",
                    help="budget: bytes or 30MB, 1.5GiB; or a sweep: 10MB:60MB:10MB, a list, auto[:N]")
     p.add_argument("--batch", type=positive_int,

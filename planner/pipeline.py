@@ -14,16 +14,18 @@ its first two steps alone: a service that serves a model before it is planned
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
 
+from core import runtimes
 from core.units import Capture
-from planner.compile import ensure_compiled
+from planner.compile import compilable, ensure_compiled
 from planner.graph.capture import capture
 from core.spec import ModelSpec
 from planner.models import apply_threads, load_model
-from planner.profiling.profiler import ProfileOptions, cached_profile, fingerprint
+from planner.profiling.profiler import ProfileOptions, cached_profile, chosen_again, fingerprint
 from planner.settings import Settings
 from planner.solver.tables import build_tables
 from planner.store import PlanStore
@@ -119,7 +121,7 @@ def prepare(spec: ModelSpec, settings: Settings, store: PlanStore, *, batch_max:
         found = read_prepared(model, store, solver=solver, objective=objective, repair=repair)
         if found is not None:
             if compile:
-                ensure_compiled(store, cap, fp, served)
+                compile_served(store, model, found, settings, objective, served)
             return found
     log.info("%s: profiling (b = 1..%d) and planning; this takes a while once", spec.name,
              options.batch_max)
@@ -131,6 +133,46 @@ def prepare(spec: ModelSpec, settings: Settings, store: PlanStore, *, batch_max:
     publish(store, spec, profile, tables, {"solve_s": round(solve_s, 3), "profile_cached": hit})
     log.info("%s: %d tables of %s solved in %.2f s and published", spec.name, len(tables), fp,
              solve_s)
+    prepared = Prepared(cap, profile, tables, solver, published=True)
     if compile:
-        ensure_compiled(store, cap, fp, served)
-    return Prepared(cap, profile, tables, solver, published=True)
+        compile_served(store, model, prepared, settings, objective, served, replan=True)
+    return prepared
+
+
+def compile_served(store: PlanStore, model: Captured, prepared: Prepared, settings: Settings,
+                   objective: str, served: str | None, *, replan: bool = False) -> str | None:
+    """What a worker without torch serves, stored: the compiled units and tables it can run
+    (their id, or None where the model has no compiled form). Where the served table runs some
+    step on torch (``--runtime auto``: torch was a little faster there), those are the tables
+    ``--runtime onnxruntime`` gets, chosen again from the same measurements
+    (``chosen_again``: nothing is measured again) and stored under that fingerprint, which
+    the compiled model names; the model's own key keeps pointing at the served profile's.
+    ``replan``: those tables are solved again (the profile was measured or solved now)."""
+    cap, fp = model.capture, model.fingerprint
+    measured = model.options.runtimes_on(cap.model.device)
+    if (not compilable(cap) and runtimes.ONNXRUNTIME in measured
+            and model.options.runtime != runtimes.ONNXRUNTIME and _runs_torch(prepared.table)):
+        options = dataclasses.replace(model.options, runtime=runtimes.ONNXRUNTIME)
+        fp = fingerprint(cap, options)
+        wanted = tuple(prepared.tables)
+        if replan or read(store, fp, wanted, objective) is None:
+            profile = chosen_again(prepared.profile, cap, options)
+            t0 = time.perf_counter()
+            tables = build_tables(profile, wanted, objective=objective,
+                                  slot_bytes=settings.slot_bytes or None,
+                                  slot_count=settings.slot_count)
+            publish(store, cap.model.spec, profile, tables,
+                    {"solve_s": round(time.perf_counter() - t0, 3), "chosen_from":
+                     prepared.fingerprint}, aliased=False)
+            log.info("%s: tables of ONNX Runtime's runs alone (%s) for the worker without "
+                     "torch, from profile %s", cap.model.spec.name, fp, prepared.fingerprint)
+    return ensure_compiled(store, cap, fp, served)
+
+
+def _runs_torch(table: PlanTable) -> bool:
+    """Whether a plan of ``table`` has a step on torch (a worker without torch cannot run it)."""
+    if runtimes.TORCH not in table.runtimes:
+        return False
+    torch_index = table.runtimes.index(runtimes.TORCH)
+    return any(p.runtimes is not None and bool((p.runtimes == torch_index).any())
+               for p in table.plans)

@@ -84,9 +84,11 @@ def read(store: PlanStore, fp: str, solvers: tuple[str, ...], objective: str, *,
 
 
 def publish(store: PlanStore, spec: ModelSpec, profile: Profile, tables: dict[str, PlanTable],
-            extra: dict[str, Any] | None = None) -> dict[str, int]:
+            extra: dict[str, Any] | None = None, *, aliased: bool = True) -> dict[str, int]:
     """Put a profile and its tables in the store (each announced to workers), the first of
-    ``tables`` last, so a worker woken by its announcement finds the others; returns versions."""
+    ``tables`` last, so a worker woken by its announcement finds the others; returns versions.
+    ``aliased``: the model's key points at them (not for the tables only a compiled model
+    names, ``planner.pipeline``)."""
     fp = profile.fingerprint
     store.put_profile(fp, json.dumps(profile_to_json(profile)).encode())
     versions = {}
@@ -95,7 +97,8 @@ def publish(store: PlanStore, spec: ModelSpec, profile: Profile, tables: dict[st
                 "batch_max": table.batch_max, "slot_bytes": table.slot_bytes,
                 "fingerprint": fp, "device": profile.meta.get("device_name"), **(extra or {})}
         versions[solver] = store.put_table(table_id(fp, solver, table.objective), table.to_bytes(),
-                                           meta, model_key=model_key(spec, solver, table.objective))
+                                           meta, model_key=model_key(spec, solver, table.objective)
+                                           if aliased else None)
     return versions
 
 

@@ -14,10 +14,10 @@ import sys
 
 from planner import cli, cli_plan, cli_solve
 from service import cli as service_cli
-from workers import cli_bench
+from workers import cli_bench, cli_plan as plan_cli
 
 # Every subcommand module, in the order of ``vbs --help``.
-SUBCOMMANDS = (cli, cli_solve, cli_plan, cli_bench, service_cli)
+SUBCOMMANDS = (cli, cli_solve, plan_cli, cli_plan, cli_bench, service_cli)
 
 
 def build_parser() -> argparse.ArgumentParser:

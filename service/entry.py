@@ -17,6 +17,7 @@ from core.lru import LRU
 from core.table import INTERIM, PlanTable
 from planner.families import Preprocess
 from service.batcher import Batcher
+from workers.load_cost import LoadCost
 from workers.models_memory import ModelCost
 from workers.shares import working_bytes
 
@@ -61,6 +62,7 @@ class ModelEntry:
     image_mode: str | None = None
     shapes: tuple[tuple[int, ...], tuple[int, ...] | None] | None = None  # input, output
     weights_bytes: int = 0          # its weights (from its sketch, before it first loads)
+    load_cost: LoadCost | None = None  # what `vbs plan` measured it keeps loaded (compiled)
     estimate: PlanTable | None = None  # its table as the store had it before it first loaded
     kept_bytes: int | None = None   # what it kept the last time it was loaded
     load_s: float | None = None
@@ -120,9 +122,10 @@ class ModelEntry:
 
     def cost(self) -> ModelCost:
         """What it takes loaded, as known before it loads: the bytes it keeps (what it kept
-        the last time, else its weights), its one-sample plan and its working bytes (from
-        its table; 0 when not known yet)."""
-        kept = self.kept_bytes if self.kept_bytes is not None else self.weights_bytes
+        the last time, else what `vbs plan` measured it keeps, else its weights), its
+        one-sample plan and its working bytes (from its table; 0 when not known yet)."""
+        kept = (self.kept_bytes if self.kept_bytes is not None else
+                self.load_cost.kept_bytes if self.load_cost is not None else self.weights_bytes)
         table = self.table if self.planned or self.worker is not None else self.estimate
         if table is None:
             return ModelCost(self.name, kept, 0, 0)
@@ -140,6 +143,9 @@ class ModelEntry:
         if self.worker is not None:  # what runs it: the captured torch model, or the compiled one
             out["runs_on"] = ("compiled ONNX graphs, without torch" if self.lean
                               else "the captured torch model")
+        if self.load_cost is not None:  # what `vbs plan` measured, known before its first load
+            out["planned_load"] = {"kept_bytes": self.load_cost.kept_bytes,
+                                   "load_s": self.load_cost.load_s}
         if self.error:
             out["error"] = self.error
         if self.reason and not self.ready:

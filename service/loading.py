@@ -28,10 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
-
-from core.errors import StoreError, TableFormatError, VbsError
-from core.table import INTERIM, PlanTable
+from core.errors import StoreError, TableFormatError, TableNotFoundError, VbsError
+from core.table import INTERIM
 from planner.families import build_preprocess, labels_for
 from planner.store import Backoff, PlanStore, open_store, printable_location
 from service.batcher import Batcher
@@ -39,6 +37,7 @@ from service.entry import ModelEntry
 from service.first_start import BackgroundPlans, interim_prepared
 from service.metrics import Metrics
 from service.settings import Settings
+from service.sketch import sketch, stored_inputs
 from workers.device_memory import DeviceMemory
 
 log = logging.getLogger("vbs.service")
@@ -145,7 +144,8 @@ class ModelLoader:
         entry.loads += 1
         # what stays with this model loaded: weights, sessions, buffers, or what the group
         # grew by while it loaded where a cgroup limit applies, if more (the memory owner's)
-        kept = entry.kept_bytes = self.memory.models.loaded(entry.name, kept_bytes(entry))
+        kept = entry.kept_bytes = self.memory.models.loaded(entry.name,
+                                                            entry.worker.kept_bytes())
         m = self.metrics
         m.model_ready.labels(entry.name).set(1)
         m.model_loads.labels(entry.name).inc()
@@ -190,18 +190,12 @@ class ModelLoader:
 
         store = self._sync_store()
         s = self.settings
-        lean = s.lean_for(entry.spec.device)
         options = RuntimeOptions(spin=s.ort_spin, max_sessions=s.ort_sessions, arena=self.arena)
         runtimes: dict[str, Any] = {}  # made already (the interim table's): the worker's
-        if lean:
-            from planner.stored import read_compiled
-            from workers.array_backend import ArrayModel
-
-            prepared: Any = read_compiled(store, entry.name, entry.spec, s.solver, s.objective)
-            model: Any = ArrayModel(prepared.compiled, prepared.profile.root,
-                                    prepared.fingerprint)
-            log.info("%s: served without torch from compiled model %s", entry.name,
-                     prepared.compiled_id)
+        found = self._compiled(entry, store)
+        lean = found is not None
+        if found is not None:
+            prepared, model = found
         else:
             prepared, runtimes = self._torch_model(entry, store, options)
             model = prepared.capture
@@ -231,6 +225,35 @@ class ModelLoader:
         entry.labels = labels
         if pre is not None:
             entry.preprocess, entry.image_mode = pre
+
+    def _compiled(self, entry: ModelEntry, store: PlanStore) -> tuple[Any, Any] | None:
+        """The compiled model from the store and the model a worker without torch runs
+        (``workers.array_backend``) where ``entry`` is served so (``Settings.lean_for``, or
+        ``lean_if_compiled`` and the store holds it compiled with tables that run so); else
+        None: it is served with torch."""
+        from planner.stored import read_compiled
+        from workers.array_backend import ArrayModel
+
+        s, device = self.settings, entry.spec.device
+        must = s.lean_for(device)
+        if not must and not s.lean_if_compiled(device):
+            return None
+        try:
+            prepared = read_compiled(store, entry.name, entry.spec, s.solver, s.objective)
+        except TableNotFoundError as exc:
+            if must:
+                raise
+            log.info("%s: served with torch: %s", entry.name, exc)
+            return None
+        model = ArrayModel(prepared.compiled, prepared.profile.root, prepared.fingerprint)
+        why = "" if must else model.unrunnable(prepared.tables[s.solver])
+        if why:  # (where it must, the worker refuses it, naming the fix)
+            log.info("%s: served with torch: its compiled model %s %s", entry.name,
+                     prepared.compiled_id, why)
+            return None
+        log.info("%s: served without torch from compiled model %s", entry.name,
+                 prepared.compiled_id)
+        return prepared, model
 
     def _torch_model(self, entry: ModelEntry, store: PlanStore, options: Any
                      ) -> tuple[Any, dict[str, Any]]:
@@ -270,60 +293,9 @@ class ModelLoader:
                  kept)
 
     def sketch(self, entry: ModelEntry) -> None:
-        """What ``entry`` takes before it is first loaded (on its torch thread): its weights
-        and shapes from a build on the meta device, its table as the store has it under its
-        name (a table of another fingerprint may differ a little: an estimate). Nothing here
-        fails the model: what cannot be known now is known once it loads. Served without torch,
-        the weights and shapes are the compiled model's, read from the store."""
-        from planner.stored import model_key
-        from planner.store.keys import table_id
-
-        try:
-            weights, in_shape, out_shape, meta = self._sketch(entry)
-        except Exception as exc:  # noqa: BLE001 - its load says what is wrong
-            log.debug("%s: no sketch: %s", entry.name, exc)
-            return
-        entry.weights_bytes = weights
-        if entry.shapes is None:
-            entry.shapes = (in_shape, out_shape)
-            if meta is not None:
-                entry.labels, pre = stored_inputs(meta)
-            else:
-                if out_shape is not None and len(out_shape) == 1:
-                    entry.labels = labels_for(entry.spec.name, out_shape[0])
-                pre = build_preprocess(entry.spec.name, in_shape)
-            if pre is not None:
-                entry.preprocess, entry.image_mode = pre
-        s = self.settings
-        try:
-            store = self._sync_store()
-            fp = store.get_model(model_key(entry.spec, s.solver, s.objective))
-            if fp is not None:
-                tid = table_id(fp, s.solver, s.objective)
-                entry.estimate = PlanTable.from_bytes(store.get_table(tid).blob, tid)
-        except Exception as exc:  # noqa: BLE001 - not planned yet, or the store is down
-            log.debug("%s: no table to estimate its plans by: %s", entry.name, exc)
-
-    def _sketch(self, entry: ModelEntry) -> tuple[int, tuple[int, ...], tuple[int, ...] | None,
-                                                  dict[str, Any] | None]:
-        """(weights bytes, input shape, output shape, the compiled model's meta or None) of a
-        model not loaded yet."""
-        if self.settings.lean_for(entry.spec.device):
-            from core.compiled import CompiledModel
-            from planner.stored import compiled_key
-
-            store = self._sync_store()
-            cid = store.get_model(compiled_key(entry.name, entry.spec))
-            blob = store.get_compiled(cid) if cid else None
-            if blob is None:
-                raise LookupError(f"no compiled model of {entry.name} in {store.location}")
-            shapes, meta = CompiledModel.manifest(blob, f"compiled model {cid}")
-            return (int(meta.get("weight_bytes", 0)), shapes.input_shape, shapes.output_shape,
-                    meta)
-        from planner.models import sketch_model
-
-        sketch = sketch_model(entry.spec)
-        return sketch.weights_bytes, sketch.input_shape, sketch.output_shape, None
+        """What ``entry`` takes before it is first loaded, known now (on its torch thread:
+        ``service.sketch``)."""
+        sketch(entry, self.settings, self._sync_store)
 
     async def close(self) -> None:
         """Stop the planners beside serving; give back the torch threads (their batchers
@@ -333,34 +305,6 @@ class ModelLoader:
             executor.shutdown(wait=False)  # drained; a batch stuck past it is left to end
         if self._store is not None:
             await asyncio.to_thread(self._store.close)
-
-
-def stored_inputs(meta: dict[str, Any]) -> tuple[list[str] | None, tuple[Any, str] | None]:
-    """A compiled model's class names and image preprocessing (with its Pillow mode), as
-    `vbs plan` stored them from the model's family (``planner.compile``)."""
-    from planner.families.common import ImageSpec
-
-    images = meta.get("images")
-    pre = (ImageSpec.from_json(images).preprocess(), str(images["mode"])) if images else None
-    labels = meta.get("labels")
-    return (list(map(str, labels)) if labels else None), pre
-
-
-def kept_bytes(entry: ModelEntry) -> int:
-    """What a loaded model keeps on its device, as its parts say: its weights and buffers,
-    what its runtimes keep between calls, and on the CPU its batch buffer (on CUDA that is
-    host memory)."""
-    if entry.lean:  # the stored graphs it composes runs from, and the sessions' copies
-        weights, itemsize = entry.prepared.compiled.weight_bytes(), 4
-    else:
-        module = entry.prepared.capture.model.module
-        weights = sum(t.numel() * t.element_size()
-                      for t in (*module.parameters(), *module.buffers()))
-        itemsize = entry.prepared.capture.model.torch_dtype.itemsize
-    kept = weights + entry.worker.held_bytes
-    if entry.spec.device == "cpu":
-        kept += entry.table.batch_max * int(np.prod(entry.input_shape, dtype=np.int64)) * itemsize
-    return int(kept)
 
 
 def _release(entry: ModelEntry, memory: DeviceMemory) -> None:

@@ -4,8 +4,9 @@ least recently used idle one given back when another needs its memory.
 Why: a server given more models than its memory holds dies loading them all (under a cgroup
 limit the kernel kills it), and Triton's explicit mode leaves loading and unloading to the
 client. A model's cost is known before it loads: what it kept the last time it was loaded,
-else its weights (built on the meta device, ``planner.models.sketch_model``), and its plans'
-bytes from its table. Whether a set of models fits is the device's one owner of memory's
+else what `vbs plan` measured a worker without torch keeps of it (``workers.load_cost``), else
+its weights (built on the meta device, ``planner.models.sketch_model``), and its plans' bytes
+from its table. Whether a set of models fits is the device's one owner of memory's
 answer (``DeviceMemory.models``, ``workers.models_memory``); this module only chooses which
 idle model goes first. At start a model's working bytes stand for its one-sample plan, so the
 models loaded then run near full speed.

@@ -151,11 +151,13 @@ class Settings(PlannerSettings):
                     "for CUDA, off on the CPU (nothing overlaps there)")
     lean: Literal["auto", "on", "off"] = Field(
         default="auto",
-        description="serve a CPU model from its compiled form in the store, without torch "
-                    "(on): its plans run ONNX Runtime's sessions on numpy arrays, and neither "
-                    "torch nor the weights file is read (`vbs plan` compiles it; a plan with "
-                    "a torch step is refused); off: capture the torch model as always; auto: "
-                    "on where torch cannot be imported (the lean worker image)")
+        description="serve a CPU model from its compiled form in the store, without torch: "
+                    "its plans run ONNX Runtime's sessions on numpy arrays, and neither torch "
+                    "nor the weights file is read (`vbs plan` compiles it with tables it can "
+                    "run). on: always (a model the store holds no such form of is refused); "
+                    "off: capture the torch model as always; auto: wherever the store holds "
+                    "the model compiled with tables it can run (and always where torch cannot "
+                    "be imported, the lean worker image), else with torch")
     first_start: Literal["interim", "wait"] = Field(
         default="wait",
         description="a model the store has no table for: served at once from an interim table "
@@ -242,10 +244,16 @@ class Settings(PlannerSettings):
         return self
 
     def lean_for(self, device: str) -> bool:
-        """Whether a model on ``device`` is served from its compiled form, without torch."""
+        """Whether a model on ``device`` must be served from its compiled form, without torch
+        (``lean`` on, or auto where torch cannot be imported)."""
         if not device.startswith("cpu") or self.lean == "off":
             return False
         return self.lean == "on" or not torch_importable()
+
+    def lean_if_compiled(self, device: str) -> bool:
+        """Whether a model on ``device`` is served without torch where its store holds it
+        compiled with tables that run so (``lean`` auto on the CPU), else with torch."""
+        return device.startswith("cpu") and self.lean == "auto"
 
     def pipelined(self, device: str) -> bool:
         """Whether a model on ``device`` runs its batches in two stages (``pipeline``)."""

@@ -178,6 +178,16 @@ class ArrayModel:
     def output_shape(self) -> tuple[int, ...]:
         return self.compiled.shapes.output_shape
 
+    @property
+    def weights_bytes(self) -> int:
+        """The stored graphs' weights, once (every session shares them)."""
+        return self.compiled.weight_bytes()
+
+    @property
+    def sample_bytes(self) -> int:
+        """One input sample's bytes (float32)."""
+        return int(np.prod(self.input_shape, dtype=np.int64)) * self.dtype.itemsize
+
     def load_runtime(self, name: str, options: RuntimeOptions) -> UnitRuntime:
         return rt.load_compiled(name, self.compiled.graphs, options)
 

@@ -21,6 +21,7 @@ Runs under ``torch.inference_mode``; CPU and CUDA; float32, float16, bfloat16.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -250,6 +251,17 @@ class TorchModel:
     @property
     def output_shape(self) -> tuple[int, ...]:
         return tuple(self.capture.output_shape)
+
+    @property
+    def weights_bytes(self) -> int:
+        """Its parameters' and buffers' bytes."""
+        module = self.capture.model.module
+        return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
+
+    @property
+    def sample_bytes(self) -> int:
+        """One input sample's bytes in its dtype."""
+        return math.prod(self.input_shape) * self.capture.model.torch_dtype.itemsize
 
     def load_runtime(self, name: str, options: RuntimeOptions) -> UnitRuntime:
         return rt_load(name, self.capture, options)

@@ -58,6 +58,12 @@ class Served(Protocol):
     input_shape: Any
     output_shape: Any
 
+    @property
+    def weights_bytes(self) -> int: ...
+
+    @property
+    def sample_bytes(self) -> int: ...
+
     def load_runtime(self, name: str, options: RuntimeOptions) -> UnitRuntime: ...
 
     def prepare(self, steps: tuple[Step, ...], splits: dict[int, list[int]] | None,
@@ -215,6 +221,14 @@ class Worker:
         """What this model's runtimes keep between calls (sessions, graphs and their pools)."""
         return sum(r.held_bytes for r in list(self.runtimes.values()))
 
+    def kept_bytes(self) -> int:
+        """What this model keeps loaded, as its parts say: its weights, what its runtimes keep
+        between calls, and on the CPU its batch buffer (on CUDA that is host memory)."""
+        kept = self.model.weights_bytes + self.held_bytes
+        if not self.probe.device.startswith("cuda"):
+            kept += self.table.batch_max * self.model.sample_bytes
+        return int(kept)
+
     def unusable(self, table: PlanTable) -> str:
         """Why this worker cannot run some plan of ``table`` ('' when it can run them all): a
         worker without torch runs only plans of ONNX Runtime runs (``ArrayModel.unrunnable``)."""
@@ -222,7 +236,8 @@ class Worker:
             why = self.model.unrunnable(table)
             if why:
                 return (f"{self.name}: {why}, and this worker serves the compiled model without "
-                        "torch: plan it with --runtime onnxruntime, or serve it with torch "
+                        "torch: plan it with --runtime auto (the default) or onnxruntime, or "
+                        "serve it with torch "
                         "(VBS_LEAN=off)")
         return ""
 

@@ -138,10 +138,18 @@ def _choose(layer: Layer, options: ProfileOptions, figures: dict[str, _Figures],
     measured = {rt: Measured(tuple(fill_time(f.times[name], B)), tuple(f.ws[name]))
                 for rt, f in figures.items() if name not in unsupported.get(rt, {})}
 
+    return dataclasses.replace(
+        _chosen(layer, measured, options.runtime, B),
+        unsupported=tuple((rt, why[name]) for rt, why in unsupported.items() if name in why))
+
+
+def _chosen(layer: Layer, measured: dict[str, Measured], runtime: str, batch_max: int) -> Layer:
+    """``layer`` with, per b, the runtime its ``time``/``ws`` are of: ``runtime`` wherever it
+    measured the unit (a named one), else the fastest; torch on a tie (the one rule)."""
     chosen = []
-    for b in range(1, B + 1):
-        if options.runtime not in ("auto", runtimes.TORCH) and options.runtime in measured:
-            chosen.append(options.runtime)
+    for b in range(1, batch_max + 1):
+        if runtime not in ("auto", runtimes.TORCH) and runtime in measured:
+            chosen.append(runtime)
         else:  # the fastest; torch on a tie
             chosen.append(min(measured, key=lambda rt: (measured[rt].time[b - 1],
                                                         rt != runtimes.TORCH)))
@@ -149,8 +157,34 @@ def _choose(layer: Layer, options: ProfileOptions, figures: dict[str, _Figures],
         layer, time=tuple(measured[rt].time[b - 1] for b, rt in enumerate(chosen, start=1)),
         ws=tuple(measured[rt].ws[b - 1] for b, rt in enumerate(chosen, start=1)),
         runtimes=tuple((rt, measured[rt]) for rt in runtimes.RUNTIMES if rt in measured),
-        unsupported=tuple((rt, why[name]) for rt, why in unsupported.items() if name in why),
         runtime=tuple(chosen))
+
+
+def chosen_again(profile: Profile, capture: Capture, options: ProfileOptions) -> Profile:
+    """``profile`` as ``options`` (another ``runtime`` of the same runtimes measured) would
+    have chosen from the same measurements, under the fingerprint of ``options``: the table of
+    ``--runtime onnxruntime`` from an ``auto`` profile, without measuring again."""
+    measured_by = set(profile.meta.get("runtimes") or ()) | {runtimes.TORCH}
+    if set(options.runtimes_on(capture.model.device)) - measured_by:
+        raise UsageError(f"profile {profile.fingerprint} did not measure every runtime of "
+                         f"--runtime {options.runtime}")
+
+    def again(node: Node) -> Node:
+        if isinstance(node, Layer):
+            if not node.runtimes:
+                return node
+            measured = {rt: m for rt, m in node.runtimes}
+            unsupported = dict(node.unsupported)
+            measured = {rt: m for rt, m in measured.items() if rt not in unsupported}
+            return dataclasses.replace(_chosen(node, measured, options.runtime,
+                                               profile.batch_max), unsupported=node.unsupported)
+        if isinstance(node, Series):
+            return dataclasses.replace(node, children=tuple(again(c) for c in node.children))
+        return dataclasses.replace(node, branches=tuple(again(b) for b in node.branches))
+
+    meta = {**profile.meta, "runtime": options.runtime,
+            "fingerprint": fingerprint(capture, options), "chosen_from": profile.fingerprint}
+    return Profile(profile.batch_max, again(profile.root), meta)  # type: ignore[arg-type]
 
 
 def _fill(node: Node, options: ProfileOptions, figures: dict[str, _Figures],

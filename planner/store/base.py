@@ -99,6 +99,15 @@ class PlanStore(abc.ABC):
         """Return the stored compiled model, or None if none is stored."""
 
     @abc.abstractmethod
+    def put_load(self, compiled_id: str, data: bytes) -> None:
+        """Store what the compiled model ``compiled_id`` keeps once loaded and how long its
+        load took (JSON, measured by `vbs plan`), replacing any earlier figures."""
+
+    @abc.abstractmethod
+    def get_load(self, compiled_id: str) -> bytes | None:
+        """Return the stored load figures of ``compiled_id``, or None if none are stored."""
+
+    @abc.abstractmethod
     def set_model(self, model_key: str, fingerprint: str) -> None:
         """Point the alias ``model_key`` at ``fingerprint`` (does not announce)."""
 

@@ -7,6 +7,7 @@ Layout, mirroring the Redis key scheme (``planner.store.keys``)::
     <dir>/tables/<fingerprint>.lock      held (flock) by a writer of that fingerprint
     <dir>/profiles/<fingerprint>.json    profile JSON bytes
     <dir>/compiled/<fingerprint>.zip     the model compiled for a worker without torch
+    <dir>/loads/<compiled-id>.json       what that compiled model keeps loaded, its load's time
     <dir>/models/<model-key>.model       the fingerprint the model key points at
 
 The meta (with its version) is the first line of the table file, so blob and meta are
@@ -89,6 +90,7 @@ class LocalStore(PlanStore):
         self._tables = self.directory / "tables"
         self._profiles = self.directory / "profiles"
         self._compiled = self.directory / "compiled"
+        self._loads = self.directory / "loads"
         self._models = self.directory / "models"
 
     # -- paths and low-level reads -------------------------------------------------------
@@ -220,6 +222,14 @@ class LocalStore(PlanStore):
 
     def get_compiled(self, fingerprint: str) -> bytes | None:
         return self._read(self._compiled / f"{check_fingerprint(fingerprint)}.zip")
+
+    def put_load(self, compiled_id: str, data: bytes) -> None:
+        path = self._loads / f"{check_fingerprint(compiled_id)}.json"
+        self._ensure(self._loads)
+        self._write(path, bytes(data))
+
+    def get_load(self, compiled_id: str) -> bytes | None:
+        return self._read(self._loads / f"{check_fingerprint(compiled_id)}.json")
 
     def set_model(self, model_key: str, fingerprint: str) -> None:
         check_model_key(model_key)

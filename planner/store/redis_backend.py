@@ -180,6 +180,16 @@ class RedisStore(PlanStore):
         with self._errors():
             return self._client.get(key)
 
+    def put_load(self, compiled_id: str, data: bytes) -> None:
+        key = keys.load_key(compiled_id)
+        with self._errors():
+            self._client.set(key, bytes(data))
+
+    def get_load(self, compiled_id: str) -> bytes | None:
+        key = keys.load_key(compiled_id)
+        with self._errors():
+            return self._client.get(key)
+
     def set_model(self, model_key: str, fingerprint: str) -> None:
         key = keys.model_key(model_key)
         check_fingerprint(fingerprint)

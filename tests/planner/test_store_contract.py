@@ -117,6 +117,18 @@ def test_profiles_round_trip_and_replace(store: PlanStore) -> None:
     assert store.list_tables() == [], "profiles are not tables"
 
 
+def test_compiled_models_and_their_load_figures_round_trip_apart(store: PlanStore) -> None:
+    cid = "fp.0123456789abcdef"
+    assert store.get_compiled(cid) is None and store.get_load(cid) is None
+    store.put_compiled(cid, BINARY)
+    assert store.get_load(cid) is None, "a compiled model is not its load figures"
+    store.put_load(cid, b'{"kept_bytes": 1}')
+    store.put_load(cid, b'{"kept_bytes": 2}')
+    assert store.get_compiled(cid) == BINARY and store.get_load(cid) == b'{"kept_bytes": 2}'
+    assert store.get_load("fp.other") is None
+    assert store.list_tables() == [], "neither is a table"
+
+
 @pytest.mark.parametrize("model", ["resnet18", "torchvision:resnet50@3x224x224/float32/cpu",
                                    "pkg.module:factory 2", "../..", "x" * 256])
 def test_model_alias(store: PlanStore, model: str) -> None:

@@ -1,0 +1,125 @@
+"""What the worker without torch gets from a default `vbs plan`: tables it can run, even where
+the profile chose torch for some unit (``planner.pipeline.compile_served``, chosen again from
+the same measurements), and what it keeps loaded, measured and stored for the service
+(``workers.load_cost``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from core import runtimes
+from core.compiled import CompiledModel
+from core.errors import TableFormatError, UsageError
+from core.spec import ModelSpec
+from core.tree import Layer, Measured, Profile, Series, iter_layers
+from planner.pipeline import Prepared, capture_model, compile_served, publish, strategies
+from planner.profiling.profiler import cached_profile, chosen_again, fingerprint
+from planner.settings import Settings
+from planner.solver.tables import build_tables
+from planner.store import open_store
+from planner.store.keys import table_id
+from planner.stored import compiled_key, model_key, read_compiled
+from service.commands import main
+from workers.array_backend import ArrayModel
+from workers.load_cost import LoadCost, read_load
+
+NAME, SHAPE = "tests.planner.factories:two_layer", (3, 8, 8)
+SERVED = "tiny"
+
+
+def _settings(tmp_path: Path) -> Settings:
+    return Settings(cache_dir=tmp_path / "cache", store=str(tmp_path / "store"), batch_max=3,
+                    profile_repeats=1, profile_warmup=0, slot_count=64)
+
+
+def _torch_free(profile: Profile) -> Profile:
+    """``profile`` with torch's figures of every unit at no cost, so that ``auto`` runs every
+    step on torch (as it does a step wherever torch measures faster than a call)."""
+    def walk(node):  # type: ignore[no-untyped-def]
+        if isinstance(node, Layer):
+            assert node.measured(runtimes.ONNXRUNTIME) is not None, node.name
+            return dataclasses.replace(node, runtimes=tuple(
+                (rt, Measured(tuple(0.0 for _ in m.time), m.ws) if rt == runtimes.TORCH else m)
+                for rt, m in node.runtimes))
+        if isinstance(node, Series):
+            return dataclasses.replace(node, children=tuple(walk(c) for c in node.children))
+        return dataclasses.replace(node, branches=tuple(walk(b) for b in node.branches))
+
+    return Profile(profile.batch_max, walk(profile.root), dict(profile.meta))
+
+
+def test_a_profile_that_chose_torch_gets_tables_the_worker_without_torch_runs(
+        tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    spec = ModelSpec(NAME, input_shape=SHAPE)
+    model = capture_model(spec, settings)
+    assert model.options.runtime == "auto"
+    measured, _ = cached_profile(model.capture, model.options, settings.profile_cache,
+                                 progress=False)
+    profile = chosen_again(_torch_free(measured), model.capture, model.options)
+    assert profile.fingerprint == model.fingerprint
+    assert runtimes.TORCH in next(iter_layers(profile.root)).runtime  # auto chose torch there
+    with open_store(settings.store_location) as store:
+        tables = build_tables(profile, strategies("vbs"), slot_count=settings.slot_count)
+        publish(store, spec, profile, tables)
+        prepared = Prepared(model.capture, profile, tables, "vbs", published=True)
+        cid = compile_served(store, model, prepared, settings, "time", SERVED)
+        assert cid is not None
+        compiled = CompiledModel.from_bytes(store.get_compiled(cid), cid)
+        lean_fp = str(compiled.meta["fingerprint"])
+        ort_options = dataclasses.replace(model.options, runtime=runtimes.ONNXRUNTIME)
+        assert lean_fp == fingerprint(model.capture, ort_options) != model.fingerprint
+        # the served profile's table runs torch steps: the worker without torch refuses it
+        assert ArrayModel(compiled, profile.root, model.fingerprint).unrunnable(tables["vbs"])
+        stored = read_compiled(store, SERVED, spec, "vbs", "time")
+        assert stored.fingerprint == lean_fp
+        assert ArrayModel(stored.compiled, stored.profile.root,
+                          lean_fp).unrunnable(stored.tables["vbs"]) == ""
+        # the model's own key still names the served profile's tables (the torch worker's)
+        assert store.get_model(model_key(spec, "vbs", "time")) == table_id(
+            model.fingerprint, "vbs", "time")
+
+
+def test_choosing_again_is_the_profilers_choice_from_the_same_figures(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    model = capture_model(ModelSpec(NAME, input_shape=SHAPE), settings)
+    measured, _ = cached_profile(model.capture, model.options, settings.profile_cache,
+                                 progress=False)
+    ort = dataclasses.replace(model.options, runtime=runtimes.ONNXRUNTIME)
+    named = chosen_again(measured, model.capture, ort)
+    for layer in iter_layers(named.root):
+        assert set(layer.runtime) == {runtimes.ONNXRUNTIME}, layer.name
+        assert layer.time == layer.measured(runtimes.ONNXRUNTIME).time
+    back = chosen_again(named, model.capture, model.options)
+    assert back.root == measured.root and back.fingerprint == measured.fingerprint
+    torch_only = Profile(measured.batch_max, measured.root, {**measured.meta, "runtimes": {}})
+    with pytest.raises(UsageError, match="did not measure"):
+        chosen_again(torch_only, model.capture, ort)
+
+
+def test_vbs_plan_stores_what_the_worker_without_torch_keeps(tmp_path: Path, capsys) -> None:
+    store = str(tmp_path / "store")
+    assert main(["plan", "--model", f"{SERVED}={NAME}@3x8x8", "--batch-max", "3", "--store",
+                 store, "--cache-dir", str(tmp_path / "cache"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "loaded without torch: keeps" in out, out
+    spec = ModelSpec(NAME, input_shape=SHAPE)
+    with open_store(store) as st:
+        cid = st.get_model(compiled_key(SERVED, spec))
+        cost = read_load(st, cid)
+        stored = read_compiled(st, SERVED, spec, "vbs", "time")
+    assert cost is not None and cost.load_s > 0
+    assert cost.weights_bytes == stored.compiled.weight_bytes() > 0
+    batch_buffer = 3 * 3 * 8 * 8 * 4  # batch_max samples of float32
+    assert cost.kept_bytes == cost.weights_bytes + cost.held_bytes + batch_buffer
+    assert LoadCost.from_bytes(cost.to_bytes(), "here") == cost
+
+
+@pytest.mark.parametrize("data", [b"{", b'{"kept_bytes": 1}', b'{"kept_bytes": -1, "load_s": 1, '
+                                  b'"weights_bytes": 0, "held_bytes": 0}'])
+def test_unreadable_load_figures_name_the_fix(data: bytes) -> None:
+    with pytest.raises(TableFormatError, match="vbs plan"):
+        LoadCost.from_bytes(data, "load figures of x")

@@ -1,0 +1,78 @@
+"""``vbs plan``: profile (cached), solve, publish and compile every model, then measure what
+each compiled model keeps loaded.
+
+    vbs plan [--model [ALIAS=]NAME[@C,H,W] ...] --batch-max B [--store redis://...|DIR]
+             [--weights FILE] [--solver vbs] [--objective time] [--grid] [--replan]
+
+For every model (or VBS_MODELS): the one-shot job of docker compose and the Kubernetes planner
+Job. It stores the served solver's table and those of the strategies compared with it (paper,
+greedy, fbs, fbs-best); on the CPU the model compiled for the worker without torch with tables
+that worker runs (``planner.pipeline.compile_served``), and what that worker keeps once it has
+loaded it, with the load's time (``workers.load_cost``): so the service knows a model's cost
+before its first load. It lives here, above the planner, because that last step loads the
+model as a worker does.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from planner.cli_plan import add_common_args, model_specs
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from planner.cli import runtime_lines, settings_from
+    from planner.pipeline import prepare
+    from planner.store import open_store
+
+    settings = settings_from(args)
+    store = open_store(settings.store_location)
+    try:
+        for served, spec in model_specs(args, settings):
+            prepared = prepare(spec, settings, store, batch_max=args.batch_max,
+                               solver=args.solver or settings.solver,
+                               objective=args.objective or settings.objective,
+                               grid=args.grid or None, replan=args.replan,
+                               progress=not args.quiet, compile=True, served=served)
+            table = prepared.table
+            how = "solved and published" if prepared.published else "already in the store"
+            others = ", ".join(f"{s} {len(t.plans)}" for s, t in prepared.tables.items()
+                               if s != table.solver)
+            print(f"{served}: table {prepared.table_id} (r = 1..{table.batch_max}, "
+                  f"{len(table.plans)} plans; also {others}) {how} at {store.location}")
+            for line in runtime_lines(prepared.profile):
+                print(line)
+            print(_load_line(store, served, spec, table.solver, table.objective))
+    finally:
+        store.close()
+    return 0
+
+
+def _load_line(store: Any, served: str, spec: Any, solver: str, objective: str) -> str:
+    """What the worker without torch keeps of ``served`` and how long it loads, measured and
+    stored; or why it does not serve it."""
+    from core.errors import TableNotFoundError, UsageError
+    from workers.load_cost import record_load
+
+    try:
+        cost = record_load(store, served, spec, solver, objective)
+    except TableNotFoundError:  # not compiled (CUDA, a dtype ONNX Runtime does not run here)
+        return f"  the worker without torch does not serve it (not compiled)"
+    except UsageError as exc:  # a plan with torch steps: served with torch
+        return f"  the worker without torch does not serve it: {' '.join(str(exc).split())}"
+    return (f"  loaded without torch: keeps {cost.kept_bytes / 2**20:.1f} MiB (weights "
+            f"{cost.weights_bytes / 2**20:.1f}, sessions {cost.held_bytes / 2**20:.1f}), "
+            f"{cost.load_s:.2f} s (stored for the service)")
+
+
+def add_parser(sub: Any) -> None:
+    from planner.cli import positive_int
+
+    p = sub.add_parser("plan", help="profile (cached), solve and publish plan tables")
+    add_common_args(p)
+    p.add_argument("--batch-max", type=positive_int, help="largest request size (default: VBS_BATCH_MAX)")
+    p.add_argument("--grid", action="store_true",
+                   help="profile a grid of batch sizes and interpolate (default: VBS_PROFILE_GRID)")
+    p.add_argument("--replan", action="store_true", help="solve again even if the store has the table")
+    p.set_defaults(func=cmd_plan)
