@@ -85,20 +85,19 @@ def summary(row: dict[str, Any]) -> str:
 def print_footprints(args: argparse.Namespace, fp_vbs: dict[str, dict[str, Any]],
                      fp_triton: dict[str, dict[str, Any]], triton_base: int,
                      limits: list[tuple[str, int]]) -> None:
-    import torch
-    import torchvision
+    from core.spec import ModelSpec
+    from planner.models import sketch_model
 
     print("| model | weights (MiB) | vbs-serve alone: group peak (MiB) | vbs-serve: the "
-          "model keeps (MiB) | Triton alone: group peak (MiB) | Triton: growth over the "
-          "idle server (MiB) | Triton load (s) |")
-    print("|---|---|---|---|---|---|---|")
+          "model keeps (MiB) | vbs-serve load (s) | Triton alone: group peak (MiB) | Triton: "
+          "growth over the idle server (MiB) | Triton load (s) |")
+    print("|---|---|---|---|---|---|---|---|")
     for model in args.models:
-        with torch.device("meta"):
-            w = sum(p.numel() * 4 for p in
-                    torchvision.models.get_model(model, weights=None).parameters())
+        w = sketch_model(ModelSpec(model, input_shape=tuple(args.shape))).weights_bytes
         v, t = fp_vbs[model], fp_triton.get(model, {})
+        load = f"{v['load_s']:.1f}" if v.get("load_s") is not None else "-"
         print(f"| {model} | {w / MiB:.0f} | {(v['peak'] or 0) / MiB:.0f} | "
-              f"{(v['kept'] or 0) / MiB:.0f} | {(t.get('peak') or 0) / MiB:.0f} | "
+              f"{(v['kept'] or 0) / MiB:.0f} | {load} | {(t.get('peak') or 0) / MiB:.0f} | "
               f"{t.get('growth', 0) / MiB:.0f} | {t.get('load_s', 0):.1f} |")
     sum_vbs = sum(f["peak"] or 0 for f in fp_vbs.values())
     sum_triton = sum(f["peak"] or 0 for f in fp_triton.values())

@@ -140,10 +140,12 @@ def footprints_vbs(args: argparse.Namespace, body: bytes, headers: dict[str, str
                 raise SystemExit(f"vbs serve of {model} alone: {why}\n{tail(log)}")
             status = infer_once(url, model, body, headers, args.timeout)
             time.sleep(0.5)
-            kept = next(m.get("kept_bytes") for m in httpx.get(f"{url}/models").json()["models"]
-                        if m["name"] == model)
+            described = next(m for m in httpx.get(f"{url}/models").json()["models"]
+                             if m["name"] == model)
+            kept = described.get("kept_bytes")
             out[model] = {"peak": group.peak(), "working_set": group.working_set(),
-                          "kept": kept, "status": status}
+                          "kept": kept, "status": status, "load_s": described.get("load_s"),
+                          "runs_on": described.get("runs_on")}
         finally:
             stop(process)
             group.remove()

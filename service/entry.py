@@ -65,6 +65,7 @@ class ModelEntry:
     load_cost: LoadCost | None = None  # what `vbs plan` measured it keeps loaded (compiled)
     estimate: PlanTable | None = None  # its table as the store had it before it first loaded
     kept_bytes: int | None = None   # what it kept the last time it was loaded
+    making_bytes: int | None = None  # what making its largest session asked free, last load
     load_s: float | None = None
     loads: int = 0
     # use: requests let through and not answered yet, requests waiting for it to load, and
@@ -123,13 +124,17 @@ class ModelEntry:
     def cost(self) -> ModelCost:
         """What it takes loaded, as known before it loads: the bytes it keeps (what it kept
         the last time, else what `vbs plan` measured it keeps, else its weights), its
-        one-sample plan and its working bytes (from its table; 0 when not known yet)."""
+        one-sample plan and its working bytes (from its table; 0 when not known yet), and
+        what making its largest session takes (as the last load, else `vbs plan`, saw it)."""
+        recorded = self.load_cost
         kept = (self.kept_bytes if self.kept_bytes is not None else
-                self.load_cost.kept_bytes if self.load_cost is not None else self.weights_bytes)
+                recorded.kept_bytes if recorded is not None else self.weights_bytes)
+        making = (self.making_bytes if self.making_bytes is not None else
+                  recorded.making_bytes if recorded is not None else 0)
         table = self.table if self.planned or self.worker is not None else self.estimate
         if table is None:
-            return ModelCost(self.name, kept, 0, 0)
-        return ModelCost(self.name, kept, int(table.min_peaks[0]), working_bytes(table))
+            return ModelCost(self.name, kept, 0, 0, making)
+        return ModelCost(self.name, kept, int(table.min_peaks[0]), working_bytes(table), making)
 
     def cached(self, key: Any, compute: Any) -> Any:
         """An answer that depends only on this model's table (for /plan), kept in a small LRU."""
@@ -145,6 +150,7 @@ class ModelEntry:
                               else "the captured torch model")
         if self.load_cost is not None:  # what `vbs plan` measured, known before its first load
             out["planned_load"] = {"kept_bytes": self.load_cost.kept_bytes,
+                                   "making_bytes": self.load_cost.making_bytes,
                                    "load_s": self.load_cost.load_s}
         if self.error:
             out["error"] = self.error

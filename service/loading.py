@@ -146,6 +146,7 @@ class ModelLoader:
         # grew by while it loaded where a cgroup limit applies, if more (the memory owner's)
         kept = entry.kept_bytes = self.memory.models.loaded(entry.name,
                                                             entry.worker.kept_bytes())
+        entry.making_bytes = entry.worker.making_bytes
         m = self.metrics
         m.model_ready.labels(entry.name).set(1)
         m.model_loads.labels(entry.name).inc()

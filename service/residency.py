@@ -66,8 +66,12 @@ class Room:
                 if e.state == READY and e is not keep and not e.busy]
         return min(idle, key=lambda e: e.last_used) if idle else None
 
-    def fits(self, entries: list[ModelEntry], working: bool = False) -> bool:
-        return self.models.fit((e.cost() for e in entries), working).fits
+    def fits(self, entries: list[ModelEntry], working: bool = False,
+             loading: ModelEntry | None = None) -> bool:
+        """Whether ``entries`` fit loaded together (``loading``: with room to make that one's
+        largest session, as its load does)."""
+        return self.models.fit((e.cost() for e in entries), working,
+                               loading.name if loading is not None else None).fits
 
     def never_fits(self, entry: ModelEntry) -> ModelTooLargeError | None:
         """Why ``entry`` can never be loaded, even alone (None: it can, or only the device's
@@ -213,12 +217,14 @@ class Residency:
                                                         self.loader.sketch, e) for e in entries))
             self.memory.rebase()  # what the process holds before any model (torch imported)
             total = len(entries)
-            if self.room.fits(entries, working=True):
+            # each with room to make its sessions as it loads (all at once: the largest's)
+            making = max(entries, key=lambda e: e.cost().remaking, default=None)
+            if self.room.fits(entries, working=True, loading=making):
                 await asyncio.gather(*(self._start_one(e, i, total)
                                        for i, e in enumerate(entries, 1)))
             else:
                 for i, e in enumerate(entries, 1):
-                    if self.room.fits([*self.room.loaded(), e], working=True):
+                    if self.room.fits([*self.room.loaded(), e], working=True, loading=e):
                         await self._start_one(e, i, total)
                     else:
                         self._defer(e)
@@ -300,7 +306,16 @@ class Residency:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.request_timeout_s
         while True:
-            if self.room.fits([*self.room.loaded(), entry]):
+            together = [*self.room.loaded(), entry]
+            if self.room.fits(together):
+                # room to make its sessions as it loads, idle models unloaded for it; where
+                # none is idle, it loads anyway (a session not made ahead is made when a plan
+                # first needs it, if memory allows then)
+                victim = None if self.room.fits(together, loading=entry) else \
+                    self.room.victim(entry)
+                if victim is not None:
+                    await self._unload(victim, "memory")
+                    continue
                 if self.room.admit(entry):
                     return
             else:

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from core.errors import TableFormatError
 from core.table import PlanTable
 from planner.families import build_preprocess, labels_for
 from planner.store import PlanStore
@@ -73,8 +74,13 @@ def _read(entry: ModelEntry, settings: Settings, store: Callable[[], PlanStore]
         blob = opened.get_compiled(cid) if cid else None
         if blob is not None:
             shapes, meta = CompiledModel.manifest(blob, f"compiled model {cid}")
+            try:
+                cost = read_load(opened, cid)
+            except TableFormatError as exc:  # figures of an older `vbs plan`: as if none
+                log.warning("%s: %s", entry.name, exc)
+                cost = None
             return (int(meta.get("weight_bytes", 0)), shapes.input_shape, shapes.output_shape,
-                    meta, read_load(opened, cid))
+                    meta, cost)
         if settings.lean_for(device):
             raise LookupError(f"no compiled model of {entry.name} in {opened.location}")
     from planner.models import sketch_model

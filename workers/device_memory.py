@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from core.malloc import LARGE_BLOCK, map_large_blocks
+from core.malloc import LARGE_BLOCK, map_large_blocks, trimmer
 from core.runtimes.base import UnitRuntime
 from core.table import PlanTable
 from workers.arbiter import Arbiter, ArbiterListener, Lease, Sized, Snapshot
@@ -201,10 +201,14 @@ class DeviceMemory:
 
     def give_back_cached(self) -> None:
         """Give back what the device's caches keep that no plan or model uses now (after a
-        model's unload): the CUDA allocator's cached blocks, ONNX Runtime's arena."""
+        model's unload): the CUDA allocator's cached blocks, ONNX Runtime's arena, and on the
+        CPU the free pages the C allocator keeps (an unloaded model's graphs and sessions were
+        many small blocks: without it, what they took stayed in the process)."""
         release_cached(self.device)
         if self.host_cache is not None:
             self.host_cache.give_back()
+        if self.device.startswith("cpu"):
+            trimmer()()
 
     def close(self) -> None:
         """Stop the caches' idle threads (the service is stopping)."""

@@ -33,6 +33,7 @@ class LoadCost:
     load_s: float
     weights_bytes: int  # of ``kept_bytes``
     held_bytes: int     # of ``kept_bytes``: its runtimes' sessions
+    making_bytes: int   # free while its largest session is made (``Worker.making_bytes``)
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -42,11 +43,13 @@ class LoadCost:
         try:
             raw = json.loads(data)
             cost = cls(kept_bytes=int(raw["kept_bytes"]), load_s=float(raw["load_s"]),
-                       weights_bytes=int(raw["weights_bytes"]), held_bytes=int(raw["held_bytes"]))
+                       weights_bytes=int(raw["weights_bytes"]), held_bytes=int(raw["held_bytes"]),
+                       making_bytes=int(raw["making_bytes"]))
         except (ValueError, TypeError, KeyError) as exc:
             raise TableFormatError(f"{where} cannot be read ({exc!r}): run `vbs plan` for the "
                                    "model again") from exc
-        if min(cost.kept_bytes, cost.weights_bytes, cost.held_bytes) < 0 or cost.load_s < 0:
+        if min(cost.kept_bytes, cost.weights_bytes, cost.held_bytes, cost.making_bytes) < 0 \
+                or cost.load_s < 0:
             raise TableFormatError(f"{where} holds negative figures: run `vbs plan` again")
         return cost
 
@@ -63,7 +66,8 @@ def measure_load(store: PlanStore, served: str, spec: ModelSpec, solver: str, ob
     load_s = time.perf_counter() - t0
     try:
         cost = LoadCost(kept_bytes=worker.kept_bytes(), load_s=round(load_s, 3),
-                        weights_bytes=model.weights_bytes, held_bytes=worker.held_bytes)
+                        weights_bytes=model.weights_bytes, held_bytes=worker.held_bytes,
+                        making_bytes=worker.making_bytes)
     finally:
         worker.release()
     return stored.compiled_id, cost

@@ -6,7 +6,9 @@ unloaded are memory rules, and the device has one owner of memory. The service d
 models to load (least recently used first out, ``service.residency``) and asks here whether
 they fit; it never counts bytes itself. A set fits when what its models keep and the largest
 one-sample plan among them (times the growth a plan causes in the group under a cgroup limit)
-leave the reserve for requests' bodies in the capacity the models share. What a model keeps is
+leave the reserve for requests' bodies in the capacity the models share; asked for a model
+about to load, the plan stands beside what making its largest runtime session takes beyond
+what it keeps, if more (``ModelCost.remaking``: the load makes its sessions). What a model keeps is
 the larger of what its parts say (weights, sessions, batch buffer) and what the group grew by
 while it loaded, where a cgroup limit is read.
 """
@@ -31,6 +33,13 @@ class ModelCost:
     keeps: int        # weights, sessions and batch buffer: as measured or recorded, else weights
     one_sample: int   # its one-sample plan's bytes (0: no table known yet)
     working: int      # the bytes at which its batches run at working speed
+    making: int = 0   # free while it makes its largest session (0: none, or not known yet)
+
+    @property
+    def remaking(self) -> int:
+        """What making its largest session takes beyond what it keeps (that session is part
+        of what it keeps once made, and is given back before it is made again)."""
+        return max(0, self.making - self.keeps)
 
 
 @dataclass(frozen=True)
@@ -42,10 +51,14 @@ class Fit:
     growth: float    # how many times its bytes a plan grows the group by
     reserve: int     # kept for requests' bodies (under a cgroup limit)
     capacity: int    # what the models may keep and their plans use, all together
+    making: int = 0  # what the model about to load takes beyond what it keeps to make a session
 
     @property
     def need(self) -> int:
-        return self.kept + int(self.growth * self.plans)
+        """What they keep and the larger of their largest plan (as it grows the group) and
+        the making of the loading model's largest session (the two never run at once: a
+        model's thread makes its sessions as it loads)."""
+        return self.kept + max(int(self.growth * self.plans), self.making)
 
     @property
     def fits(self) -> bool:
@@ -88,17 +101,21 @@ class ModelsMemory:
 
     # ------------------------------------------------------------------ which fit
 
-    def fit(self, models: Iterable[ModelCost], working: bool = False) -> Fit:
+    def fit(self, models: Iterable[ModelCost], working: bool = False,
+            loading: str | None = None) -> Fit:
         """Whether ``models`` fit loaded together: what each keeps (as counted for the loaded
         ones) and their largest one-sample plan (``working``: their working bytes, as at
-        start, so that the models loaded then run near full speed)."""
-        kept, total, plans = self._kept, 0, 0
+        start, so that the models loaded then run near full speed); ``loading``: the model
+        among them about to load, with room to make its largest session."""
+        kept, total, plans, making = self._kept, 0, 0, 0
         for m in models:
             total += kept.get(m.name, m.keeps)
             plans = max(plans, max(m.working, m.one_sample) if working else m.one_sample)
+            if m.name == loading:
+                making = m.remaking
         capacity = self.capacity()
         reserve = capacity // RESERVE_SHARE if self._owner.counts_requests else 0
-        return Fit(total, plans, self._owner.growth, reserve, capacity)
+        return Fit(total, plans, self._owner.growth, reserve, capacity, making)
 
     def never_fits(self, model: ModelCost) -> str | None:
         """Why ``model`` can never be loaded, even alone, under a configured or cgroup limit,

@@ -221,6 +221,12 @@ class Worker:
         """What this model's runtimes keep between calls (sessions, graphs and their pools)."""
         return sum(r.held_bytes for r in list(self.runtimes.values()))
 
+    @property
+    def making_bytes(self) -> int:
+        """The most memory one of its runtimes needs free to make what it keeps (a session):
+        what its load needs free (the device's memory owner makes room for it)."""
+        return max((r.making_bytes for r in list(self.runtimes.values())), default=0)
+
     def kept_bytes(self) -> int:
         """What this model keeps loaded, as its parts say: its weights, what its runtimes keep
         between calls, and on the CPU its batch buffer (on CUDA that is host memory)."""
@@ -274,11 +280,13 @@ class Worker:
                     return
 
     def release(self) -> None:
-        """Give back what every runtime keeps (the model is being unloaded)."""
+        """Give back what every runtime keeps (the model is being unloaded), then what its
+        calls left cached (ONNX Runtime's arena: the blocks its sessions freed)."""
         for name, loaded in list(self.runtimes.items()):
             if self.memory is not None:
                 self.memory.runtime_released(loaded)
             loaded.release()
+            loaded.give_back()
             del self.runtimes[name]
 
     @property

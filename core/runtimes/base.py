@@ -65,6 +65,12 @@ class UnitRuntime(Protocol):
         """The part of the device allocator's cache it keeps for itself, unused now (a report:
         never counted as free for plans)."""
 
+    @property
+    def making_bytes(self) -> int:
+        """The most memory it has needed free to make something it then keeps (ONNX Runtime's
+        session for a run): what it needs free to make that again; 0 where it makes nothing
+        so."""
+
     def give_back(self) -> None:
         """Give back what its calls leave cached between them, keeping what it holds (may act
         for every runtime of its kind in the process: ONNX Runtime's arena is shared)."""

@@ -178,6 +178,11 @@ class GraphUnits:
             allocation(self._out.numel(), CUDA_GRANULE)
 
     @property
+    def making_bytes(self) -> int:
+        """0: a capture's memory is its pool's, counted in ``held_bytes`` as it is made."""
+        return 0
+
+    @property
     def cached_bytes(self) -> int:
         """The pool's segments no live tensor uses: cached, but only for these graphs (a
         report: no reading of free memory counts a pool's bytes as free)."""

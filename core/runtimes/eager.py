@@ -41,6 +41,10 @@ class EagerUnits:
     def cached_bytes(self) -> int:
         return 0
 
+    @property
+    def making_bytes(self) -> int:
+        return 0
+
     def give_back(self) -> None:
         return None  # nothing cached of its own: torch's allocator is the device cache's
 

@@ -179,6 +179,7 @@ class OrtSessions:
         self._room = room  # bytes free now, read before a session is made (None: not read)
         # every weight once for all the runs' sessions (``core.runtimes.ort_weights``)
         self._weights = SharedWeights()
+        self._making = 0  # the most a session asked to be free before it was made
 
     def reason(self, node: Node) -> str:
         """Why ``node`` cannot run on ONNX Runtime ('' when it can)."""
@@ -211,6 +212,12 @@ class OrtSessions:
     def cached_bytes(self) -> int:
         return 0
 
+    @property
+    def making_bytes(self) -> int:
+        """The most memory a session of these runs asked to be free before it was made (its
+        SESSION_GROWTH x weights), asked or made already: what making it again asks."""
+        return self._making
+
     def give_back(self) -> None:
         """Give back the shared arena's free regions (every session's: ``give_back_arena``)."""
         give_back_arena()
@@ -239,7 +246,9 @@ class OrtSessions:
                 except CannotCompose as exc:
                     raise ExecutionError(f"{self.model_name}: {first}..{last} cannot run on "
                                          f"ONNX Runtime: {exc}") from exc
-                self._make_room(first, last, SESSION_GROWTH * weight_bytes(model))
+                need = SESSION_GROWTH * weight_bytes(model)
+                self._making = max(self._making, need)
+                self._make_room(first, last, need)
                 before = status_bytes("VmRSS")
                 session = self._weights.session(model, session_options(
                     self.threads, spin=self.spin))
@@ -264,16 +273,24 @@ class OrtSessions:
         plan counts, and under a memory limit the kernel's kill."""
         if self._room is None:
             return
+        # what giving back every session would free: none is given back where even that falls
+        # short (the sessions a smaller plan runs on stay)
+        if self._room() + sum(run.held for run in self._runs.values()) + \
+                self._weights.held_bytes < need:
+            self._raise_short(first, last, need)
         while self._room() < need and self._runs:
             self._evict()
             if not self._runs:  # the shared weights too (a call still running keeps its own)
                 self._weights = SharedWeights()
             gc.collect()
-        free = self._room()
-        if free < need:
-            raise OutOfMemoryError(
-                f"{self.model_name}: ONNX Runtime's session for {first}..{last} "
-                f"needs about {need} bytes and {free} are free: a smaller plan, or more memory")
+        if self._room() < need:
+            self._raise_short(first, last, need)
+
+    def _raise_short(self, first: str, last: str, need: int) -> None:
+        free = self._room() if self._room is not None else 0
+        raise OutOfMemoryError(
+            f"{self.model_name}: ONNX Runtime's session for {first}..{last} needs about {need} "
+            f"bytes and {free} are free: a smaller plan, or more memory")
 
     def run_at(self, first: str, last: str, dtype: type, x: tuple[int, tuple[int, ...]],
                out: tuple[int, tuple[int, ...]]) -> None:

@@ -206,15 +206,23 @@ def test_a_session_is_made_only_where_memory_allows_and_old_ones_go_first() -> N
     assert units.cached_bytes == 0
     units.prepare(tuple(children[:3]), 1)
     assert units.sessions == 2
-    free[0] = 0  # short: every session is given back, and still short
+    held = units.held_bytes
+    free[0] = 0  # short, and giving every session back would not make it enough: none goes
     with pytest.raises(OutOfMemoryError, match="needs about"):
         units.prepare(tuple(children[3:]), 1)
-    assert units.sessions == 0 and units.held_bytes == 0
-    free[0] = need  # enough: made
-    units.prepare(whole, 1)
-    assert units.sessions == 1
+    assert units.sessions == 2 and units.held_bytes == held  # a smaller plan runs on them
+    assert units.making_bytes == need  # what making the largest asked free, asked again
     units.release()
     assert units.sessions == 0
+    # where giving sessions back makes it enough, the least recently used go first
+    total = [need]
+    freed = OrtUnits(cap, room=lambda: total[0] - freed.held_bytes)
+    freed.prepare(whole, 1)
+    first = tuple(children[:3])
+    small = SESSION_GROWTH * _weight_bytes(freed.graphs.compose(first))
+    total[0] = freed.held_bytes + small - 1  # short by a byte, unless whole's session goes
+    freed.prepare(first, 1)
+    assert freed.sessions == 1 and freed.held_bytes < small
 
 
 def test_a_unit_onnx_cannot_take_runs_on_torch_and_the_profile_says_why() -> None:

@@ -13,6 +13,7 @@ import pytest
 from core import runtimes
 from core.compiled import CompiledModel
 from core.errors import TableFormatError, UsageError
+from core.runtimes.ort_sessions import SESSION_GROWTH
 from core.spec import ModelSpec
 from core.tree import Layer, Measured, Profile, Series, iter_layers
 from planner.pipeline import Prepared, capture_model, compile_served, publish, strategies
@@ -115,11 +116,13 @@ def test_vbs_plan_stores_what_the_worker_without_torch_keeps(tmp_path: Path, cap
     assert cost.weights_bytes == stored.compiled.weight_bytes() > 0
     batch_buffer = 3 * 3 * 8 * 8 * 4  # batch_max samples of float32
     assert cost.kept_bytes == cost.weights_bytes + cost.held_bytes + batch_buffer
+    # what making its largest session asks free: the runtime's own rule, for its whole graph
+    assert 0 < cost.making_bytes <= SESSION_GROWTH * cost.weights_bytes
     assert LoadCost.from_bytes(cost.to_bytes(), "here") == cost
 
 
 @pytest.mark.parametrize("data", [b"{", b'{"kept_bytes": 1}', b'{"kept_bytes": -1, "load_s": 1, '
-                                  b'"weights_bytes": 0, "held_bytes": 0}'])
+                                  b'"weights_bytes": 0, "held_bytes": 0, "making_bytes": 0}'])
 def test_unreadable_load_figures_name_the_fix(data: bytes) -> None:
     with pytest.raises(TableFormatError, match="vbs plan"):
         LoadCost.from_bytes(data, "load figures of x")

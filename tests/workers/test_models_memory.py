@@ -119,6 +119,26 @@ def test_which_models_fit_is_the_memory_owners_answer(recorded: Recorded) -> Non
     assert memory.models.fit([huge]).kept == 4 * MiB
 
 
+def test_a_load_has_room_to_make_its_largest_session(recorded: Recorded) -> None:
+    """A model about to load needs free what making its largest session asks (ONNX Runtime's
+    SESSION_GROWTH x weights) beyond what it then keeps, beside what the others keep: the
+    residency unloads idle models for it (issue 57: resnet34's session, never made beside four
+    idle models, and every one of its requests a 503). Once loaded, it counts what it keeps."""
+    memory = _memory(recorded)
+    capacity = memory.models.capacity()
+    making = capacity // 2
+    big = ModelCost("big", keeps=WEIGHTS, one_sample=MiB, working=MiB, making=making)
+    assert big.remaking == making - WEIGHTS  # its session is part of what it then keeps
+    alone = memory.models.fit([big], loading="big")
+    assert alone.need == WEIGHTS + (making - WEIGHTS) and alone.fits
+    others = [ModelCost(f"o{i}", keeps=capacity // 5, one_sample=MiB, working=MiB)
+              for i in range(3)]
+    assert memory.models.fit([*others, big]).fits  # loaded: what it keeps and a plan
+    assert not memory.models.fit([*others, big], loading="big").fits  # loading: its session
+    assert memory.models.fit([*others, big], loading="o0").fits  # o0 makes none so large
+    assert memory.models.never_fits(big) is None
+
+
 def test_a_loads_place_is_held_until_the_load_ends(recorded: Recorded) -> None:
     memory = _memory(recorded)
     cost = ModelCost("m", keeps=WEIGHTS, one_sample=16 * MiB, working=16 * MiB)
