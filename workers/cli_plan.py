@@ -52,15 +52,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def _load_line(store: Any, served: str, spec: Any, solver: str, objective: str) -> str:
     """What the worker without torch keeps of ``served`` and how long it loads, measured and
     stored; or why it does not serve it."""
-    from core.errors import TableNotFoundError, UsageError
+    from core.errors import TableNotFoundError, UsageError, VbsError
     from workers.load_cost import record_load
 
     try:
         cost = record_load(store, served, spec, solver, objective)
     except TableNotFoundError:  # not compiled (CUDA, a dtype ONNX Runtime does not run here)
-        return f"  the worker without torch does not serve it (not compiled)"
+        return "  the worker without torch does not serve it (not compiled)"
     except UsageError as exc:  # a plan with torch steps: served with torch
         return f"  the worker without torch does not serve it: {' '.join(str(exc).split())}"
+    except VbsError as exc:  # the tables stand; the service learns the cost at the first load
+        return f"  what the worker without torch keeps not measured: {' '.join(str(exc).split())}"
     return (f"  loaded without torch: keeps {cost.kept_bytes / 2**20:.1f} MiB (weights "
             f"{cost.weights_bytes / 2**20:.1f}, sessions {cost.held_bytes / 2**20:.1f}), "
             f"{cost.load_s:.2f} s (stored for the service)")

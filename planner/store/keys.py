@@ -8,7 +8,7 @@ can live beside this one in the same Redis database::
     vbs:v1:table:<table-id>:version      integer, raised by one on every put of that table
     vbs:v1:profile:<fingerprint>         profile JSON bytes
     vbs:v1:compiled:<fingerprint>        the model compiled for a worker without torch (core.compiled)
-    vbs:v1:load:<compiled-id>            JSON: what that compiled model keeps loaded, its load's time
+    vbs:v1:load:<compiled-id>            JSON: what that compiled model keeps loaded, load time
     vbs:v1:model:<model-key>             the table id of the current table of that model
     vbs:v1:index:tables                  set of every table id that has a table
     vbs:v1:tables                        pub/sub channel: one announcement per stored table
