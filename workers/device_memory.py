@@ -78,8 +78,12 @@ class DeviceMemory:
         self.total = total  # the most loaded models keep and their plans use together (0: none)
         self.models = ModelsMemory(self)  # what loaded models keep; which fit
         self.host_cache: HostCache | None = None
+        given_trim = trim is not None  # tests pass their own
+        # the C allocator's free pages back to the kernel (looked up once: it reads the
+        # interpreter and asks ldconfig)
+        self._trim = trim if trim is not None else trimmer()
         self._ledger = RequestLedger(self._leased, self.one_sample_bytes, self.working_bytes,
-                                     self.margin, read=read, trim=trim,
+                                     self.margin, read=read, trim=self._trim,
                                      give_back=self._give_back)
         # requests are counted only on a CPU under a cgroup memory limit, where the kernel
         # kills the process; elsewhere the ledger only reports the group
@@ -92,7 +96,7 @@ class DeviceMemory:
         self.gives_back = ort_arena == "none" or self.host_cache is not None
         if self.gives_back:
             self._ledger.growth = RETURNED_GROWTH
-            if trim is None:  # the process's own allocator (tests pass their own trim)
+            if not given_trim:  # the process's own allocator
                 map_large_blocks(LARGE_BLOCK)  # what calls give back leaves the process
         self.arbiter = Arbiter(device, self.plan_free, mode=sharing, serial=serial,
                                ceiling=self.ceiling if self.ledger is not None else None,
@@ -208,7 +212,7 @@ class DeviceMemory:
         if self.host_cache is not None:
             self.host_cache.give_back()
         if self.device.startswith("cpu"):
-            trimmer()()
+            self._trim()
 
     def close(self) -> None:
         """Stop the caches' idle threads (the service is stopping)."""
