@@ -12,6 +12,10 @@ Fixtures:
     redis_server_factory  call it to start a private server this test may stop (``.stop()``)
     closed_redis_url      a redis:// URL with a password on a port where nothing listens
     no_planning           fails the test if the DP, the simulator or a memory walk runs
+
+Hook: a test marked ``gpu`` that skips without CUDA must skip at its CUDA call (a reason with
+``CUDA only:`` or ``needs CUDA``); any other skip fails it, so a GPU path that stopped running
+on the CPU shows in `make test` itself (the GPU run's rehearsal only collects them).
 """
 
 from __future__ import annotations
@@ -182,3 +186,20 @@ def no_planning(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
         monkeypatch.setattr(cls, "__init__", forbid(what))
     yield tried
     assert not tried, f"planning work on the request path: {tried}"
+
+
+CUDA_SKIPS = ("CUDA only:", "needs CUDA")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    outcome = yield
+    report = outcome.get_result()
+    if not report.skipped or item.get_closest_marker("gpu") is None:
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if not any(mark in reason for mark in CUDA_SKIPS):
+        report.outcome = "failed"
+        report.longrepr = (f"a test marked gpu skipped before its CUDA call: {reason} "
+                           "(skip with tests/gpu/conftest.py's cuda_only at the call that "
+                           "needs CUDA)")

@@ -1,11 +1,10 @@
 """Step ``tests``: the tests marked ``gpu``, then the core, planner and workers suites.
 
 On CUDA every ``gpu`` test must pass and none may be skipped (a skip there means a GPU path did
-not run). On the CPU they run up to their CUDA call and skip there, with a reason that starts
-with ``CUDA only:`` (tests/gpu/conftest.py); any other skip or a failure fails the step. The
-suites run whole on CUDA; in the rehearsal they are collected only, by the run of the ``gpu``
-tests itself (every module imports in the installed environment: a wheel the GPU machine lacks
-shows here), since `make test` has already run them.
+not run). The rehearsal on the CPU collects them and the suites only (every module imports in
+the installed environment: a wheel the GPU machine lacks shows here): `make test` has already
+run them on the CPU, up to their CUDA call, where tests/conftest.py fails any skip but the one
+at that call. A CPU run that is not the rehearsal runs them as CUDA would, up to that call.
 """
 
 from __future__ import annotations
@@ -64,6 +63,13 @@ def main(cfg: Config, work: Path, rec: Record, deadline: Deadline) -> None:
     if not deadline.allows(cfg.tests_estimate_s):  # killed half-way, pytest would report nothing
         rec.skip("pytest -m gpu " + " ".join(GPU_PATHS), f"{deadline.left():.0f} s left of the "
                  f"call; they take about {cfg.tests_estimate_s:.0f} s")
+        return
+    if not cuda and cfg.quick:
+        rc, gpu = pytest(["--collect-only", "-q", *GPU_PATHS], work / "tests-gpu.xml", deadline,
+                         work / "tests-gpu.log")
+        rec.item({"what": "pytest --collect-only " + " ".join(GPU_PATHS), **gpu})
+        rec.check("gpu tests and suites import in this environment", rc == 0,
+                  gpu["tail"][-600:])
         return
     rc, gpu = pytest(["-m", "gpu", *GPU_PATHS], work / "tests-gpu.xml", deadline,
                      work / "tests-gpu.log")
