@@ -27,6 +27,7 @@ import threading
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -36,6 +37,7 @@ import onnxruntime as ort
 # ONNX Runtime checks is there but never reads (the tensor is the caller's)
 _PLACEHOLDER = "shared-weights.bin"
 _ALIGN = 64  # bytes: what MLAS's kernels like their weights aligned to
+_MAP_ALIGN = 1 << 16  # an offset ONNX Runtime maps external data at (its allocation granularity)
 _FOLDER = "session.model_external_initializers_file_folder_path"
 _OUT_FILE = "session.optimized_model_external_initializers_file_name"
 _OUT_MIN = "session.optimized_model_external_initializers_min_size_in_bytes"
@@ -109,17 +111,15 @@ class SharedWeights:
         the shared buffers."""
         work = tempfile.mkdtemp(dir=self._dir)
         try:
+            # the graph's weights go to a file first, one tensor at a time: ONNX Runtime maps
+            # them from there rather than holding a serialized copy and its own beside
+            # the caller's (what made a session cost about 6x its weights at its peak)
+            source = _externalised(model, work, "source.bin", self.min_bytes)
             if level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL:
-                optimised = onnx.ModelProto()
-                optimised.CopyFrom(model)
-                weights = os.path.join(work, "weights.bin")
-                with open(weights, "wb") as out:
-                    for tensor in optimised.graph.initializer:
-                        if _nbytes(tensor) >= self.min_bytes and tensor.raw_data:
-                            offset = out.tell()
-                            out.write(tensor.raw_data)
-                            _refer(tensor, "weights.bin", offset, len(tensor.raw_data))
+                optimised = source
             else:
+                onnx.save(source, os.path.join(work, "source.onnx"))
+                del source
                 path = os.path.join(work, "model.onnx")
                 opts = ort.SessionOptions()
                 opts.graph_optimization_level = level
@@ -129,7 +129,8 @@ class SharedWeights:
                 opts.add_session_config_entry(_OUT_MIN, str(self.min_bytes))
                 opts.add_session_config_entry("session.disable_prepacking", "1")
                 opts.enable_cpu_mem_arena = False
-                ort.InferenceSession(model.SerializeToString(), opts, providers=list(providers))
+                ort.InferenceSession(os.path.join(work, "source.onnx"), opts,
+                                     providers=list(providers))
                 optimised = onnx.load(path, load_external_data=False)
             named: list[tuple[str, bytes]] = []
             for tensor in optimised.graph.initializer:
@@ -146,6 +147,44 @@ class SharedWeights:
             return _Graph(optimised.SerializeToString(), tuple(named))
         finally:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _externalised(model: onnx.ModelProto, folder: str, name: str,
+                  min_bytes: int) -> onnx.ModelProto:
+    """``model`` with each initializer of ``min_bytes`` or more written to ``folder/name``, at
+    an offset aligned for mapping, and referred to there (``model`` is left as it is, and its
+    weights are never copied whole: one tensor's bytes at a time)."""
+    shell = onnx.ModelProto()
+    _copy_fields(model, shell, skip="graph")
+    _copy_fields(model.graph, shell.graph, skip="initializer")
+    with open(os.path.join(folder, name), "wb") as out:
+        for tensor in model.graph.initializer:
+            if _nbytes(tensor) < min_bytes or not tensor.raw_data:
+                shell.graph.initializer.add().CopyFrom(tensor)
+                continue
+            raw = tensor.raw_data
+            offset = -(-out.tell() // _MAP_ALIGN) * _MAP_ALIGN
+            out.seek(offset)
+            out.write(raw)
+            moved = shell.graph.initializer.add()
+            moved.name, moved.data_type = tensor.name, tensor.data_type
+            moved.dims.extend(tensor.dims)
+            _refer(moved, name, offset, len(raw))
+            del raw
+    return shell
+
+
+def _copy_fields(source: Any, target: Any, *, skip: str) -> None:
+    """Every field of the message ``source`` set on ``target`` too, but ``skip``."""
+    for field, value in source.ListFields():
+        if field.name == skip:
+            continue
+        if field.is_repeated:
+            getattr(target, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(target, field.name).CopyFrom(value)
+        else:
+            setattr(target, field.name, value)
 
 
 def _structure(model: onnx.ModelProto) -> bytes:
