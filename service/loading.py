@@ -288,6 +288,7 @@ class ModelLoader:
         await asyncio.get_running_loop().run_in_executor(self.torch_thread(entry), _release,
                                                          entry, self.memory)
         released, kept = self.memory.models.unloaded(entry.name)
+        entry.kept_bytes = kept  # as counted last (a load overlapping others: shared since)
         self.metrics.model_ready.labels(entry.name).set(0)
         self.metrics.model_kept.labels(entry.name).set(0)
         log.info("%s: unloaded, %d of the %d bytes it kept given back", entry.name, released,

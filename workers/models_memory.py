@@ -16,7 +16,7 @@ while it loaded, where a cgroup limit is read.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from workers.ledger import RESERVE_SHARE, Ticket
@@ -65,6 +65,30 @@ class Fit:
         return self.need + self.reserve <= self.capacity
 
 
+@dataclass
+class _Loads:
+    """Loads that overlapped (each began before the others all ended): the group's growth
+    over them is theirs together, not each one's."""
+
+    start: int | None                 # the group's reading as the first began
+    joined: set[str] = field(default_factory=set)
+    running: set[str] = field(default_factory=set)
+    loaded: dict[str, int] = field(default_factory=dict)  # what each was counted at, loaded
+
+    @property
+    def alone(self) -> bool:
+        return len(self.joined) <= 1
+
+    def join(self, name: str) -> None:
+        self.joined.add(name)
+        self.running.add(name)
+
+    def leave(self, name: str) -> bool:
+        """``name`` ended: whether it was the last one running."""
+        self.running.discard(name)
+        return not self.running
+
+
 class ModelsMemory:
     """The loaded models' memory on one device (see the module doc)."""
 
@@ -73,6 +97,7 @@ class ModelsMemory:
         self._kept: dict[str, int] = {}
         self._before: dict[str, int | None] = {}    # the group's reading as a load or unload began
         self._loads: dict[str, Ticket | None] = {}  # a load's place among requests' holds
+        self._window: _Loads | None = None  # the loads under way, and those they overlapped
 
     def kept(self) -> dict[str, int]:
         """What each loaded model keeps."""
@@ -156,30 +181,65 @@ class ModelsMemory:
         owner.resize(ticket, model.keeps)
         self._loads[model.name] = ticket
         self._before[model.name] = owner.in_use()
+        self._join(model.name)
         return True
 
     def loading(self, name: str) -> None:
         """``name`` starts loading without a place asked (at start): the group read now."""
         self._before.setdefault(name, self._owner.in_use())
+        self._join(name)
 
     def loaded(self, name: str, parts: int) -> int:
         """``name`` is loaded and keeps what its parts say (``parts``: weights, sessions,
-        batch buffer), or what the group grew by while it loaded where that is more; counted
-        from now until ``unloaded``; its load's place given back. What it keeps."""
+        batch buffer), or what the group grew by while it loaded where that is more and no
+        other load overlapped it (else the group's growth over the overlapping loads, less
+        what their parts say, is shared among them by their parts once the last one ends);
+        counted from now until ``unloaded``; its load's place given back. What it keeps."""
         before, after = self._before.pop(name, None), self._owner.in_use()
         kept = max(0, int(parts))
-        if before is not None and after is not None:
+        window = self._window
+        if before is not None and after is not None and (window is None or window.alone):
             kept = max(kept, after - before)
         self._kept[name] = kept
         self._owner.idle_moved(kept)  # before its place goes: a reading then includes it
         self._end_load(name)
-        return kept
+        if window is not None:
+            window.loaded[name] = kept
+        self._leave(name)
+        return self._kept[name]
 
     def load_ended(self, name: str) -> None:
         """``name``'s load is over, loaded or not: its place given back, if ``loaded`` has
         not given it back already."""
         self._before.pop(name, None)
         self._end_load(name)
+        self._leave(name)
+
+    def _join(self, name: str) -> None:
+        """``name``'s load is under way: in the window of the loads that overlap."""
+        if self._window is None:
+            self._window = _Loads(start=self._owner.in_use())
+        self._window.join(name)
+
+    def _leave(self, name: str) -> None:
+        """``name``'s load ended; where it was the last of overlapping loads, what the group
+        grew by over them beyond what their parts say is shared among those still loaded."""
+        window = self._window
+        if window is None or not window.leave(name):
+            return
+        self._window = None
+        now = self._owner.in_use()
+        if window.alone or window.start is None or now is None:
+            return
+        loaded = {n: k for n, k in window.loaded.items() if n in self._kept}
+        total = sum(loaded.values())
+        excess = now - window.start - total
+        if excess <= 0 or total <= 0:
+            return
+        for n, k in loaded.items():
+            share = excess * k // total
+            self._kept[n] += share
+            self._owner.idle_moved(share)
 
     def _end_load(self, name: str) -> None:
         ticket = self._loads.pop(name, None)

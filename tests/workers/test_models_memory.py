@@ -100,6 +100,26 @@ def test_what_a_model_keeps_is_the_larger_of_its_parts_and_the_groups_growth(
     assert memory.models.kept() == {"m": 3 * WEIGHTS}
 
 
+def test_overlapping_loads_share_the_groups_growth_by_their_parts(recorded: Recorded) -> None:
+    """Loads under way together each see the others' growth: none is counted at the growth
+    it saw (at start five models counted at the five's growth each made every one look too
+    large, and all were unloaded); what the group grew by beyond their parts is shared."""
+    memory = _memory(recorded)
+    memory.models.loading("a")
+    memory.models.loading("b")
+    recorded.use(IDLE + 5 * WEIGHTS)  # a loaded: 5 parts' worth grown, b's load included
+    assert memory.models.loaded("a", 2 * WEIGHTS) == 2 * WEIGHTS  # its parts: b still loads
+    memory.models.load_ended("a")  # the residency's end of every load: counted once
+    recorded.use(IDLE + 6 * WEIGHTS)
+    # the last one ended: 6 grown, 3 by their parts; the 3 beyond shared 2:1
+    assert memory.models.loaded("b", WEIGHTS) == 2 * WEIGHTS
+    assert memory.models.kept() == {"a": 4 * WEIGHTS, "b": 2 * WEIGHTS}
+    # a load alone afterwards is counted at the growth it saw again
+    memory.models.loading("c")
+    recorded.use(IDLE + 9 * WEIGHTS)
+    assert memory.models.loaded("c", WEIGHTS) == 3 * WEIGHTS
+
+
 def test_which_models_fit_is_the_memory_owners_answer(recorded: Recorded) -> None:
     memory = _memory(recorded)
     capacity = memory.models.capacity()
