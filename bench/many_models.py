@@ -176,6 +176,8 @@ def parse_args() -> argparse.Namespace:
                     help="what the explicit-mode client leaves free below the limit")
     ap.add_argument("--servers", default="vbs,triton-all,triton-explicit")
     ap.add_argument("--timeout", type=float, default=60.0, help="a request's timeout (s)")
+    ap.add_argument("--vbs-log-level", default="warning", help="vbs serve's --log-level (its "
+                    "log's tail is printed where it fails; info: every load and unload)")
     ap.add_argument("--start-timeout", type=float, default=300.0)
     ap.add_argument("--threads", type=int, default=0, help="Triton's ONNX Runtime threads")
     ap.add_argument("--triton-wait", type=float, default=0.005)

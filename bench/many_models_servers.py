@@ -79,7 +79,7 @@ def start_vbs(args: argparse.Namespace, group: MemoryGroup, models: list[str], p
               log: Path) -> subprocess.Popen[bytes]:
     cmd = [args.vbs_python, "-m", "service.commands", "serve", "--store", args.store,
            "--batch-max", str(args.batch_max), "--port", str(port), "--grpc-port", "0",
-           "--request-timeout", str(args.timeout), "--log-level", "warning"]
+           "--request-timeout", str(args.timeout), "--log-level", args.vbs_log_level]
     for model in models:
         cmd += ["--model", f"{model}@{args.shape_arg}"]
     return subprocess.Popen(group.command(cmd), env=vbs_env(args), cwd=ROOT,
