@@ -146,10 +146,7 @@ class ModelLoader:
         # grew by while it loaded where a cgroup limit applies, if more (the memory owner's)
         kept = entry.kept_bytes = self.memory.models.loaded(entry.name,
                                                             entry.worker.kept_bytes())
-        # free while it loads: its largest session, or what its load grew the process by
-        # at its peak (graphs built, a captured model's transients), if more
-        entry.making_bytes = max(entry.worker.making_bytes,
-                                 self.memory.models.load_peak(entry.name) or 0)
+        entry.making_bytes = entry.worker.making_bytes
         m = self.metrics
         m.model_ready.labels(entry.name).set(1)
         m.model_loads.labels(entry.name).inc()

@@ -19,8 +19,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from core.errors import ProfileError
-from core.runtimes.ort_memory import reset_peak, status_bytes
 from workers.ledger import RESERVE_SHARE, Ticket
 
 if TYPE_CHECKING:
@@ -73,7 +71,6 @@ class _Loads:
     over them is theirs together, not each one's."""
 
     start: int | None                 # the group's reading as the first began
-    base: int | None = None           # the process's resident bytes then, its peak reset
     joined: set[str] = field(default_factory=set)
     running: set[str] = field(default_factory=set)
     loaded: dict[str, int] = field(default_factory=dict)  # what each was counted at, loaded
@@ -92,18 +89,6 @@ class _Loads:
         return not self.running
 
 
-def _peak_base(owner: DeviceMemory) -> int | None:
-    """On the CPU, the process's peak resident set reset to now, and its resident bytes (a
-    load's peak growth is ``VmHWM`` less them); None elsewhere or where /proc cannot say."""
-    if not owner.device.startswith("cpu"):
-        return None
-    try:
-        reset_peak()
-        return status_bytes("VmRSS")
-    except (OSError, ProfileError):
-        return None
-
-
 class ModelsMemory:
     """The loaded models' memory on one device (see the module doc)."""
 
@@ -113,7 +98,6 @@ class ModelsMemory:
         self._before: dict[str, int | None] = {}    # the group's reading as a load or unload began
         self._loads: dict[str, Ticket | None] = {}  # a load's place among requests' holds
         self._window: _Loads | None = None  # the loads under way, and those they overlapped
-        self._peaks: dict[str, int] = {}      # a load's peak growth, measured alone
 
     def kept(self) -> dict[str, int]:
         """What each loaded model keeps."""
@@ -221,8 +205,6 @@ class ModelsMemory:
         self._end_load(name)
         if window is not None:
             window.loaded[name] = kept
-            if window.alone and window.base is not None:
-                self._peaks[name] = max(0, status_bytes("VmHWM") - window.base)
         self._leave(name)
         return self._kept[name]
 
@@ -233,16 +215,10 @@ class ModelsMemory:
         self._end_load(name)
         self._leave(name)
 
-    def load_peak(self, name: str) -> int | None:
-        """How far the process grew above where it stood, at its peak, while ``name`` loaded
-        alone (its graphs built, its sessions made: what a load needs free), once; None where
-        it was not measured (another load overlapped it, or not on the CPU)."""
-        return self._peaks.pop(name, None)
-
     def _join(self, name: str) -> None:
         """``name``'s load is under way: in the window of the loads that overlap."""
         if self._window is None:
-            self._window = _Loads(start=self._owner.in_use(), base=_peak_base(self._owner))
+            self._window = _Loads(start=self._owner.in_use())
         self._window.join(name)
 
     def _leave(self, name: str) -> None:

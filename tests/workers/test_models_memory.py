@@ -120,28 +120,6 @@ def test_overlapping_loads_share_the_groups_growth_by_their_parts(recorded: Reco
     assert memory.models.loaded("c", WEIGHTS) == 3 * WEIGHTS
 
 
-@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="reads /proc/self")
-def test_a_load_alone_measures_its_peak_growth_overlapping_ones_do_not(
-        recorded: Recorded) -> None:
-    """What a load needs free is at least what it grew the process by at its peak (a captured
-    model's transients, given back before it is ready); loads that overlap cannot tell theirs
-    apart and are not measured."""
-    import numpy as np
-
-    memory = _memory(recorded)
-    memory.models.loading("m")
-    transient = np.ones(64 * MiB, np.uint8)  # touched, then given back before the load ends
-    del transient
-    memory.models.loaded("m", WEIGHTS)
-    assert memory.models.load_peak("m") >= 48 * MiB  # (some of it on pages resident before)
-    assert memory.models.load_peak("m") is None  # once
-    memory.models.loading("a")
-    memory.models.loading("b")
-    memory.models.loaded("a", WEIGHTS)
-    memory.models.loaded("b", WEIGHTS)
-    assert memory.models.load_peak("a") is None and memory.models.load_peak("b") is None
-
-
 def test_which_models_fit_is_the_memory_owners_answer(recorded: Recorded) -> None:
     memory = _memory(recorded)
     capacity = memory.models.capacity()
