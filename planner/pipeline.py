@@ -150,8 +150,8 @@ def compile_served(store: PlanStore, model: Captured, prepared: Prepared, settin
     ``replan``: those tables are solved again (the profile was measured or solved now)."""
     cap, fp = model.capture, model.fingerprint
     measured = model.options.runtimes_on(cap.model.device)
-    no_compiled_form = compilable(cap)  # why not ('' where it has one)
-    if (not no_compiled_form and runtimes.ONNXRUNTIME in measured
+    why_not_compiled = compilable(cap)  # '' where it has a compiled form
+    if (not why_not_compiled and runtimes.ONNXRUNTIME in measured
             and model.options.runtime != runtimes.ONNXRUNTIME and _runs_torch(prepared.table)):
         options = dataclasses.replace(model.options, runtime=runtimes.ONNXRUNTIME)
         fp = fingerprint(cap, options)

@@ -73,7 +73,6 @@ class _Loads:
     start: int | None                 # the group's reading as the first began
     joined: set[str] = field(default_factory=set)
     running: set[str] = field(default_factory=set)
-    loaded: dict[str, int] = field(default_factory=dict)  # what each was counted at, loaded
 
     @property
     def alone(self) -> bool:
@@ -203,8 +202,6 @@ class ModelsMemory:
         self._kept[name] = kept
         self._owner.idle_moved(kept)  # before its place goes: a reading then includes it
         self._end_load(name)
-        if window is not None:
-            window.loaded[name] = kept
         self._leave(name)
         return self._kept[name]
 
@@ -231,7 +228,7 @@ class ModelsMemory:
         now = self._owner.in_use()
         if window.alone or window.start is None or now is None:
             return
-        loaded = {n: k for n, k in window.loaded.items() if n in self._kept}
+        loaded = {n: self._kept[n] for n in window.joined if n in self._kept}
         total = sum(loaded.values())
         excess = now - window.start - total
         if excess <= 0 or total <= 0:
