@@ -182,10 +182,11 @@ def full(device: str = "cuda", dtypes: tuple[str, ...] = DTYPES, suites: bool = 
 def quick(device: str = "cpu") -> Config:
     """The rehearsal: every step and code path, small (CI runs it on 2 cores)."""
     small = (3, 64, 64)
-    # a chain, a model of blocks, float16 and video (`make test` profiles the rest)
+    # a chain, a model of blocks, float16 and video (`make test` profiles the rest; the full
+    # run's C3D at its 16 frames of 112x112 took half the rehearsal's profile step: video small)
     profiles = (*(Run(m, small, batch_max=4, estimate_s=15) for m in ("squeezenet1_0", "googlenet")),
                 Run("squeezenet1_0", small, dtype="float16", batch_max=4, estimate_s=15),
-                Run("c3d", batch_max=2, estimate_s=30))
+                Run("r3d_18", (3, 4, 32, 32), batch_max=2, estimate_s=15))
     # eager torch, and the runtime of calls this device has (auto: ONNX Runtime on the CPU,
     # CUDA graphs on CUDA): the summary sets the two side by side
     benches = tuple(Run(m, small, batch=4, batch_max=4, memory="auto:3", repeat=1,

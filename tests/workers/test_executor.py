@@ -47,7 +47,8 @@ def _worker(name: str, dtype: str = "float32") -> Worker:
     torch.manual_seed(0)
     loaded = load_model(ModelSpec(name, input_shape=SHAPES[name], dtype=dtype))
     cap = capture(loaded)
-    profile = measure(cap, ProfileOptions(batch_max=B, repeats=1, warmup=0), progress=False)
+    profile = measure(cap, ProfileOptions(batch_max=BATCH_MAX.get(name, B), repeats=1, warmup=0),
+                      progress=False)
     table = build_table(profile, slot_count=64)
     return Worker(cap, table, MemoryProbe("cpu"))
 
@@ -83,9 +84,11 @@ def _check(worker: Worker, r: int, limit: int) -> None:
 
 
 # budgets (fractions of the table's top) and request sizes checked per model; c3d's 16 frames
-# at 112x112 cost the most of the suite, so it is checked at the ends of both ranges only
+# at 112x112 cost the most of the suite, so it is planned up to 2 samples (a plan of 2 still
+# splits its units' batches) and checked at the ends of both ranges only
 GRID = ((1.0, 0.5, 0.25), (1, 3, B))
-GRIDS = {"c3d": ((1.0, 0.25), (1, B))}
+BATCH_MAX = {"c3d": 2}
+GRIDS = {"c3d": ((1.0, 0.25), (1, 2))}
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
