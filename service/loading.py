@@ -191,7 +191,10 @@ class ModelLoader:
 
         store = self._sync_store()
         s = self.settings
-        options = RuntimeOptions(spin=s.ort_spin, max_sessions=s.ort_sessions, arena=self.arena)
+        # a session asks free what `vbs plan` measured the model's sessions take to make
+        growth = entry.load_cost.session_growth if entry.load_cost is not None else None
+        options = RuntimeOptions(spin=s.ort_spin, max_sessions=s.ort_sessions, arena=self.arena,
+                                 session_growth=growth)
         runtimes: dict[str, Any] = {}  # made already (the interim table's): the worker's
         found = self._compiled(entry, store)
         lean = found is not None

@@ -43,20 +43,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
                   f"{len(table.plans)} plans; also {others}) {how} at {store.location}")
             for line in runtime_lines(prepared.profile):
                 print(line)
-            print(_load_line(store, served, spec, table.solver, table.objective))
+            print(_load_line(store, settings.store_location, served, spec, table.solver,
+                             table.objective))
     finally:
         store.close()
     return 0
 
 
-def _load_line(store: Any, served: str, spec: Any, solver: str, objective: str) -> str:
+def _load_line(store: Any, location: str, served: str, spec: Any, solver: str,
+               objective: str) -> str:
     """What the worker without torch keeps of ``served`` and how long it loads, measured and
     stored; or why it does not serve it."""
     from core.errors import TableNotFoundError, UsageError, VbsError
     from workers.load_cost import record_load
 
     try:
-        cost = record_load(store, served, spec, solver, objective)
+        cost = record_load(store, location, served, spec, solver, objective)
     except TableNotFoundError:  # not compiled (CUDA, a dtype ONNX Runtime does not run here)
         return "  the worker without torch does not serve it (not compiled)"
     except UsageError as exc:  # a plan with torch steps: served with torch
@@ -65,7 +67,8 @@ def _load_line(store: Any, served: str, spec: Any, solver: str, objective: str) 
         return f"  what the worker without torch keeps not measured: {' '.join(str(exc).split())}"
     return (f"  loaded without torch: keeps {cost.kept_bytes / 2**20:.1f} MiB (weights "
             f"{cost.weights_bytes / 2**20:.1f}, sessions {cost.held_bytes / 2**20:.1f}), "
-            f"{cost.load_s:.2f} s (stored for the service)")
+            f"{cost.load_s:.2f} s; a session asks {cost.session_growth:.2f}x its weights free "
+            f"(stored for the service)")
 
 
 def add_parser(sub: Any) -> None:

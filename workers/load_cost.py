@@ -4,19 +4,32 @@ Before a model is first loaded, the service's memory owner must know what it wil
 start with several models loads more than fits and then unloads the hottest: its weights alone
 are low by 4-27x (sessions, the batch buffer). So `vbs plan` loads the compiled model once as a
 worker without torch does (its tables read from the store, its runtimes' sessions made for the
-plans at the top budget, ``workers.worker.Worker``) and stores what the worker says it keeps
-and how long that took; the service reads the figures for a model it has not loaded yet
-(``service.loading``). Once a model has loaded, its own figures replace them.
+plans at the top budget, ``workers.worker.Worker``), in a fresh process of its own (no torch, no
+heap left over from profiling: what a worker's process grows by), and stores what the worker
+says it keeps, how long that took and what making its sessions cost at their peak, per byte of
+their weights (``core.runtimes.ort_sessions.served_growth``: what a session then asks free,
+where the bound of 7 made resnet34 wait for memory it never needed). The service reads the
+figures for a model it has not loaded yet (``service.loading``). Once a model has loaded, its
+own figures replace them.
+
+    python -m workers.load_cost < JOB.json   # what measure_load runs; prints the figures
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
+import subprocess
+import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
-from core.errors import TableFormatError
+from core import errors
+from core.errors import TableFormatError, VbsError
 from core.runtimes.base import RuntimeOptions
+from core.runtimes.ort_sessions import SESSION_GROWTH, served_growth, start
 from core.spec import ModelSpec
 from planner.store import PlanStore
 from planner.stored import read_compiled
@@ -34,6 +47,7 @@ class LoadCost:
     weights_bytes: int  # of ``kept_bytes``
     held_bytes: int     # of ``kept_bytes``: its runtimes' sessions
     making_bytes: int   # free while its largest session is made (``Worker.making_bytes``)
+    session_growth: float = float(SESSION_GROWTH)  # what a session asks free per weight byte
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -44,20 +58,52 @@ class LoadCost:
             raw = json.loads(data)
             cost = cls(kept_bytes=int(raw["kept_bytes"]), load_s=float(raw["load_s"]),
                        weights_bytes=int(raw["weights_bytes"]), held_bytes=int(raw["held_bytes"]),
-                       making_bytes=int(raw["making_bytes"]))
+                       making_bytes=int(raw["making_bytes"]),
+                       # figures of a `vbs plan` that did not measure it: the bound
+                       session_growth=float(raw.get("session_growth", SESSION_GROWTH)))
         except (ValueError, TypeError, KeyError) as exc:
             raise TableFormatError(f"{where} cannot be read ({exc!r}): run `vbs plan` for the "
                                    "model again") from exc
         if min(cost.kept_bytes, cost.weights_bytes, cost.held_bytes, cost.making_bytes) < 0 \
-                or cost.load_s < 0:
+                or cost.load_s < 0 or not 0 < cost.session_growth <= SESSION_GROWTH:
             raise TableFormatError(f"{where} holds negative figures: run `vbs plan` again")
         return cost
 
 
-def measure_load(store: PlanStore, served: str, spec: ModelSpec, solver: str, objective: str,
+def measure_load(location: str, served: str, spec: ModelSpec, solver: str, objective: str,
                  options: RuntimeOptions | None = None) -> tuple[str, LoadCost]:
-    """Load ``served``'s compiled model from ``store`` as a worker without torch does and
-    measure it; (its compiled id, the figures). What it made is given back before returning."""
+    """Load ``served``'s compiled model from the store at ``location`` as a worker without
+    torch does, in a fresh process (``_measure_here``), and measure it; (its compiled id, the
+    figures). Errors of the load come back as the same ``core.errors`` class."""
+    options = options or RuntimeOptions()
+    job = {"location": location, "served": served, "solver": solver, "objective": objective,
+           "spec": {"name": spec.name, "dtype": spec.dtype, "device": spec.device,
+                    "input_shape": list(spec.input_shape) if spec.input_shape else None,
+                    "weights": str(spec.weights) if spec.weights else None},
+           "options": {"spin": options.spin, "max_sessions": options.max_sessions,
+                       "arena": options.arena}}
+    root = Path(__file__).resolve().parent.parent  # the job names the store, not argv (its password)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)}
+    done = subprocess.run([sys.executable, "-m", "workers.load_cost"], input=json.dumps(job),
+                          capture_output=True, text=True, env=env, cwd=root)
+    try:
+        out = json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        raise VbsError(f"measuring what {served} keeps loaded failed (exit {done.returncode}): "
+                       f"{done.stderr.strip()[-800:]}") from None
+    if "error" in out:
+        kind = getattr(errors, out["error"], VbsError)
+        raise (kind if isinstance(kind, type) and issubclass(kind, VbsError) else VbsError)(
+            out["message"])
+    return out["compiled_id"], LoadCost.from_bytes(json.dumps(out["cost"]).encode(),
+                                                    f"what measuring {served} printed")
+
+
+def _measure_here(store: PlanStore, served: str, spec: ModelSpec, solver: str, objective: str,
+                  options: RuntimeOptions) -> tuple[str, LoadCost]:
+    """``measure_load``'s work, in this process; what it made is given back before returning."""
+    start()  # ONNX Runtime's set-up of the process: once a process, not a session's making
     t0 = time.perf_counter()
     stored = read_compiled(store, served, spec, solver, objective)
     model = ArrayModel(stored.compiled, stored.profile.root, stored.fingerprint)
@@ -65,18 +111,23 @@ def measure_load(store: PlanStore, served: str, spec: ModelSpec, solver: str, ob
                     runtime_options=options)
     load_s = time.perf_counter() - t0
     try:
+        growth = served_growth(worker.growth_seen)
+        # the runtime's rule is linear in a session's weights: its largest session's need at
+        # the growth served is its need at the bound the load above asked, scaled
+        making = math.ceil(worker.making_bytes * growth / SESSION_GROWTH)
         cost = LoadCost(kept_bytes=worker.kept_bytes(), load_s=round(load_s, 3),
                         weights_bytes=model.weights_bytes, held_bytes=worker.held_bytes,
-                        making_bytes=worker.making_bytes)
+                        making_bytes=making, session_growth=growth)
     finally:
         worker.release()
     return stored.compiled_id, cost
 
 
-def record_load(store: PlanStore, served: str, spec: ModelSpec, solver: str, objective: str,
-                options: RuntimeOptions | None = None) -> LoadCost:
-    """``measure_load``, stored beside the compiled model (``PlanStore.put_load``)."""
-    cid, cost = measure_load(store, served, spec, solver, objective, options)
+def record_load(store: PlanStore, location: str, served: str, spec: ModelSpec, solver: str,
+                objective: str, options: RuntimeOptions | None = None) -> LoadCost:
+    """``measure_load``, stored beside the compiled model in ``store`` (opened at
+    ``location``: ``PlanStore.put_load``)."""
+    cid, cost = measure_load(location, served, spec, solver, objective, options)
     store.put_load(cid, cost.to_bytes())
     return cost
 
@@ -88,3 +139,29 @@ def read_load(store: PlanStore, compiled_id: str) -> LoadCost | None:
         return None
     return LoadCost.from_bytes(data, f"load figures of compiled model {compiled_id} in "
                                      f"{store.location}")
+
+
+def _main() -> None:
+    from planner.store import open_store
+
+    job = json.loads(sys.stdin.read())
+    raw = job["spec"]
+    spec = ModelSpec(raw["name"], input_shape=tuple(raw["input_shape"]) if raw["input_shape"]
+                     else None, dtype=raw["dtype"], device=raw["device"],
+                     weights=Path(raw["weights"]) if raw["weights"] else None)
+    options = replace(RuntimeOptions(), **job["options"])
+    try:
+        store = open_store(job["location"])
+        try:
+            cid, cost = _measure_here(store, job["served"], spec, job["solver"],
+                                      job["objective"], options)
+        finally:
+            store.close()
+        out: dict = {"compiled_id": cid, "cost": asdict(cost)}
+    except VbsError as exc:
+        out = {"error": type(exc).__name__, "message": str(exc)}
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    _main()

@@ -227,6 +227,12 @@ class Worker:
         what its load needs free (the device's memory owner makes room for it)."""
         return max((r.making_bytes for r in list(self.runtimes.values())), default=0)
 
+    @property
+    def growth_seen(self) -> float:
+        """The most one of its runtimes' sessions grew the process by while it was made, per
+        byte of its weights (``UnitRuntime.growth_seen``)."""
+        return max((r.growth_seen for r in list(self.runtimes.values())), default=0.0)
+
     def kept_bytes(self) -> int:
         """What this model keeps loaded, as its parts say: its weights, what its runtimes keep
         between calls, and on the CPU its batch buffer (on CUDA that is host memory)."""

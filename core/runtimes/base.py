@@ -39,6 +39,9 @@ class RuntimeOptions:
     max_sessions: int = 128
     arena: bool = True  # ONNX Runtime's shared arena; False: what a call allocates goes back
     room: Callable[[], int] | None = None
+    # bytes a session asks free per byte of its weights, as `vbs plan` measured the model's
+    # (``core.runtimes.ort_sessions.served_growth``); None: the bound where nothing was measured
+    session_growth: float | None = None
 
 
 class UnitRuntime(Protocol):
@@ -70,6 +73,12 @@ class UnitRuntime(Protocol):
         """The most memory it has needed free to make something it then keeps (ONNX Runtime's
         session for a run): what it needs free to make that again; 0 where it makes nothing
         so."""
+
+    @property
+    def growth_seen(self) -> float:
+        """The most making something it keeps grew the process's peak by, per byte of that
+        thing's weights (ONNX Runtime's sessions; 0 where it makes nothing so or measured
+        none)."""
 
     def give_back(self) -> None:
         """Give back what its calls leave cached between them, keeping what it holds (may act

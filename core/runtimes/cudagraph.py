@@ -183,6 +183,10 @@ class GraphUnits:
         return 0
 
     @property
+    def growth_seen(self) -> float:
+        return 0.0
+
+    @property
     def cached_bytes(self) -> int:
         """The pool's segments no live tensor uses: cached, but only for these graphs (a
         report: no reading of free memory counts a pool's bytes as free)."""

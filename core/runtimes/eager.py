@@ -45,6 +45,10 @@ class EagerUnits:
     def making_bytes(self) -> int:
         return 0
 
+    @property
+    def growth_seen(self) -> float:
+        return 0.0
+
     def give_back(self) -> None:
         return None  # nothing cached of its own: torch's allocator is the device cache's
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ import onnxruntime as ort
 from core.errors import ExecutionError, OutOfMemoryError
 from core.malloc import LARGE_BLOCK, map_large_blocks
 from core.runtimes.onnx_compose import CannotCompose, UnitGraphs
-from core.runtimes.ort_memory import status_bytes
+from core.runtimes.ort_memory import reset_peak, status_bytes
 from core.runtimes.ort_weights import SharedWeights
 from core.runs import TreeIndex
 from core.tree import Node
@@ -81,7 +82,25 @@ STOP = "session.force_spinning_stop"
 # (tests/core/test_runtimes.py checks the bound). Whole graphs made alone peaked at 0.5-3.5x
 # (4-6.2x when they were given as a serialized graph), but 4 let a served process of eight
 # models be OOM-killed at its limit (docs/benchmarks.md section 8), so the bound stays
+# where nothing was measured for the model: `vbs plan` measures its sessions' peaks in a fresh
+# process of the worker without torch (``workers.load_cost``), and the service asks that
+# (``served_growth``) free instead
 SESSION_GROWTH = 7
+# a measured growth is served with this much more (a session made later, of a shorter run,
+# has more of its own beside its weights), and at least FLOOR
+GROWTH_MARGIN = 0.5
+GROWTH_FLOOR = 1.5
+SEEN_WEIGHTS = 1 << 20  # sessions of fewer weight bytes are not measured per byte
+
+
+def served_growth(measured: float) -> float:
+    """The bytes a session asks free per byte of its weights, from the most its model's
+    sessions grew the process by at their peak per byte when `vbs plan` made them
+    (``OrtSessions.growth_seen``): never above ``SESSION_GROWTH``, the bound where nothing was
+    measured (0)."""
+    if measured <= 0:
+        return float(SESSION_GROWTH)
+    return round(min(float(SESSION_GROWTH), max(GROWTH_FLOOR, measured * (1 + GROWTH_MARGIN))), 3)
 
 
 def weight_bytes(model: onnx.ModelProto) -> int:
@@ -126,6 +145,15 @@ def run_options(arena: bool) -> ort.RunOptions | None:
 _TINY: list[ort.InferenceSession] = []  # give_back_arena's session, made on first use
 
 
+def start() -> None:
+    """ONNX Runtime's set-up of the process, done before its first session would do it: the
+    shared arena, and a first session (``give_back_arena``'s), which loads what every later
+    one shares (about 9 MB on the CPU). A measurement of one session's making starts here, or
+    it counts the process's set-up as the session's."""
+    _environment()
+    _tiny()
+
+
 def give_back_arena() -> bool:
     """Give the shared arena's free regions back now, between calls (a call running keeps
     its own): one call of a one-number Identity graph with the arena's shrinkage asked, which
@@ -133,6 +161,12 @@ def give_back_arena() -> bool:
     has been made (nothing to give back)."""
     if not _READY:
         return False
+    _tiny().run(None, {"x": np.zeros(1, np.float32)}, run_options(False))
+    return True
+
+
+def _tiny() -> ort.InferenceSession:
+    """A session of a one-number Identity graph, made once."""
     if not _TINY:
         with _SETUP:
             if not _TINY:
@@ -144,8 +178,7 @@ def give_back_arena() -> bool:
                     graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
                 _TINY.append(ort.InferenceSession(model.SerializeToString(),
                                                   session_options(1, spin=False)))
-    _TINY[0].run(None, {"x": np.zeros(1, np.float32)}, run_options(False))
-    return True
+    return _TINY[0]
 
 
 @dataclass
@@ -166,7 +199,7 @@ class OrtSessions:
 
     def __init__(self, graphs: UnitGraphs, threads: int, *, arena: bool = True,
                  spin: bool = True, max_sessions: int = 128,
-                 room: Callable[[], int] | None = None) -> None:
+                 room: Callable[[], int] | None = None, growth: float | None = None) -> None:
         _environment()
         self.graphs = graphs
         self.model_name = graphs.shapes.name
@@ -182,6 +215,9 @@ class OrtSessions:
         # every weight once for all the runs' sessions (``core.runtimes.ort_weights``)
         self._weights = SharedWeights()
         self._making = 0  # the most a session asked to be free before it was made
+        # what a session asks free per byte of its weights (``served_growth``; None: the bound)
+        self.growth = float(growth) if growth else float(SESSION_GROWTH)
+        self._seen = 0.0  # the most a session made here grew the process by per weight byte
 
     def reason(self, node: Node) -> str:
         """Why ``node`` cannot run on ONNX Runtime ('' when it can)."""
@@ -217,8 +253,16 @@ class OrtSessions:
     @property
     def making_bytes(self) -> int:
         """The most memory a session of these runs asked to be free before it was made (its
-        SESSION_GROWTH x weights), asked or made already: what making it again asks."""
+        ``growth`` x weights), asked or made already: what making it again asks."""
         return self._making
+
+    @property
+    def growth_seen(self) -> float:
+        """The most a session made here grew the process's peak resident set by while it was
+        made, per byte of its weights (0: none made). In a fresh process (`vbs plan`'s
+        measurement) that is what making it costs; in a busy one, other threads' allocations
+        meanwhile count too."""
+        return self._seen
 
     def give_back(self) -> None:
         """Give back the shared arena's free regions (every session's: ``give_back_arena``)."""
@@ -248,12 +292,16 @@ class OrtSessions:
                 except CannotCompose as exc:
                     raise ExecutionError(f"{self.model_name}: {first}..{last} cannot run on "
                                          f"ONNX Runtime: {exc}") from exc
-                need = SESSION_GROWTH * weight_bytes(model)
+                weights = weight_bytes(model)
+                need = math.ceil(self.growth * weights)
                 self._making = max(self._making, need)
                 self._make_room(first, last, need)
                 before = status_bytes("VmRSS")
+                reset_peak()
                 session = self._weights.session(model, session_options(
                     self.threads, spin=self.spin))
+                if weights >= SEEN_WEIGHTS:  # below, what ONNX Runtime makes of its own rules
+                    self._seen = max(self._seen, (status_bytes("VmHWM") - before) / weights)
                 # what the process grew by, less the weights it added to the shared ones
                 # (counted once, in held_bytes), and at least its graph, which it copies (the
                 # weights too small to share among them): where it reused pages freed before,

@@ -26,6 +26,7 @@ from planner.models import load_model
 from planner.profiling.measure import cpu_peaks
 from planner.profiling.profiler import ProfileOptions, fingerprint, measure
 from core.runtimes.base import RuntimeOptions
+from core.runtimes.ort_sessions import SESSION_GROWTH
 from core.runtimes.ort_memory import ENV
 from core.walk import executor_peak
 from planner.solver.tables import build_table
@@ -223,6 +224,34 @@ def test_a_session_is_made_only_where_memory_allows_and_old_ones_go_first() -> N
     total[0] = freed.held_bytes + small - 1  # short by a byte, unless whole's session goes
     freed.prepare(first, 1)
     assert freed.sessions == 1 and freed.held_bytes < small
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/self/status")
+def test_a_session_asks_free_the_growth_it_is_given_and_measures_what_making_it_took() -> None:
+    """Given the growth `vbs plan` measured for the model (``RuntimeOptions.session_growth``),
+    a session asks that times its weights free, to the byte, not the bound; and what making
+    it grew the process's peak by, per weight byte, is measured (``growth_seen``)."""
+    import math
+
+    from core.errors import OutOfMemoryError
+    from core.runtimes.onnxrt import OrtUnits, _weight_bytes
+
+    torch.manual_seed(0)
+    cap = capture(load_model(ModelSpec("resnet18", input_shape=(3, 32, 32))))
+    whole = tuple(cap.tree.children)
+    weights = _weight_bytes(OrtUnits(cap).graphs.compose(whole))
+    need = math.ceil(2.5 * weights)
+    short = OrtUnits(cap, room=lambda: need - 1, growth=2.5)
+    with pytest.raises(OutOfMemoryError, match=f"needs about {need} bytes"):
+        short.prepare(whole, 1)
+    assert short.sessions == 0 and short.growth_seen == 0.0
+    units = OrtUnits(cap, room=lambda: need, growth=2.5)
+    units.prepare(whole, 1)
+    assert units.making_bytes == need
+    # measured (in this busy process, pages freed before are reused: `vbs plan` measures in
+    # a fresh one, tests/workers/test_load_cost.py)
+    assert 0 < units.growth_seen <= SESSION_GROWTH
+    units.release()
 
 
 def test_a_unit_onnx_cannot_take_runs_on_torch_and_the_profile_says_why() -> None:

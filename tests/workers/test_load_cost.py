@@ -13,7 +13,8 @@ import pytest
 from core import runtimes
 from core.compiled import CompiledModel
 from core.errors import TableFormatError, UsageError
-from core.runtimes.ort_sessions import SESSION_GROWTH
+from core.runtimes.base import RuntimeOptions
+from core.runtimes.ort_sessions import GROWTH_FLOOR, SESSION_GROWTH, served_growth
 from core.spec import ModelSpec
 from core.tree import Layer, Measured, Profile, Series, iter_layers
 from planner.pipeline import Prepared, capture_model, compile_served, publish, strategies
@@ -26,6 +27,8 @@ from planner.stored import compiled_key, model_key, read_compiled
 from service.commands import main
 from workers.array_backend import ArrayModel
 from workers.load_cost import LoadCost, read_load
+from workers.memory import MemoryProbe
+from workers.worker import Worker
 
 NAME, SHAPE = "tests.planner.factories:two_layer", (3, 8, 8)
 SERVED = "tiny"
@@ -119,6 +122,41 @@ def test_vbs_plan_stores_what_the_worker_without_torch_keeps(tmp_path: Path, cap
     # what making its largest session asks free: the runtime's own rule, for its whole graph
     assert 0 < cost.making_bytes <= SESSION_GROWTH * cost.weights_bytes
     assert LoadCost.from_bytes(cost.to_bytes(), "here") == cost
+
+
+def test_a_session_asks_free_what_vbs_plan_measured_making_it_took(tmp_path: Path,
+                                                                     capsys) -> None:
+    """`vbs plan` measures, in a fresh process, what making the model's sessions grew it by
+    at the peak per byte of their weights; the service's worker asks that (with the margin of
+    ``served_growth``) free before a session, not the bound of 7, and the bytes the service
+    counts for the load before it starts are what the load then asks."""
+    store = str(tmp_path / "store")
+    name, served = "tests.planner.factories:wide_pair", "wide"
+    assert main(["plan", "--model", f"{served}={name}@3x8x8", "--batch-max", "2", "--store",
+                 store, "--cache-dir", str(tmp_path / "cache"), "--quiet"]) == 0
+    assert "a session asks" in capsys.readouterr().out
+    spec = ModelSpec(name, input_shape=(3, 8, 8))
+    with open_store(store) as st:
+        cost = read_load(st, st.get_model(compiled_key(served, spec)))
+        stored = read_compiled(st, served, spec, "vbs", "time")
+    assert cost is not None and cost.weights_bytes > 2 << 20
+    # measured: a session peaks above the weights it keeps, well below the bound
+    assert GROWTH_FLOOR <= cost.session_growth < SESSION_GROWTH
+    model = ArrayModel(stored.compiled, stored.profile.root, stored.fingerprint)
+    worker = Worker(model, stored.tables["vbs"], MemoryProbe("cpu"), name=served,
+                    runtime_options=RuntimeOptions(session_growth=cost.session_growth))
+    try:
+        assert worker.making_bytes == cost.making_bytes
+        assert cost.making_bytes <= cost.session_growth * cost.weights_bytes + 1
+    finally:
+        worker.release()
+
+
+def test_the_served_growth_is_the_measured_one_with_its_margin_within_the_bound() -> None:
+    assert served_growth(0.0) == SESSION_GROWTH  # nothing measured
+    assert served_growth(0.2) == GROWTH_FLOOR
+    assert served_growth(2.0) == 3.0
+    assert served_growth(40.0) == SESSION_GROWTH
 
 
 @pytest.mark.parametrize("data", [b"{", b'{"kept_bytes": 1}', b'{"kept_bytes": -1, "load_s": 1, '
