@@ -48,6 +48,7 @@ class LoadCost:
     held_bytes: int     # of ``kept_bytes``: its runtimes' sessions
     making_bytes: int   # free while its largest session is made (``Worker.making_bytes``)
     session_growth: float = float(SESSION_GROWTH)  # what a session asks free per weight byte
+    growth_seen: float = 0.0  # what making its sessions took per weight byte, measured
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -60,12 +61,14 @@ class LoadCost:
                        weights_bytes=int(raw["weights_bytes"]), held_bytes=int(raw["held_bytes"]),
                        making_bytes=int(raw["making_bytes"]),
                        # figures of a `vbs plan` that did not measure it: the bound
-                       session_growth=float(raw.get("session_growth", SESSION_GROWTH)))
+                       session_growth=float(raw.get("session_growth", SESSION_GROWTH)),
+                       growth_seen=float(raw.get("growth_seen", 0.0)))
         except (ValueError, TypeError, KeyError) as exc:
             raise TableFormatError(f"{where} cannot be read ({exc!r}): run `vbs plan` for the "
                                    "model again") from exc
         if min(cost.kept_bytes, cost.weights_bytes, cost.held_bytes, cost.making_bytes) < 0 \
-                or cost.load_s < 0 or not 0 < cost.session_growth <= SESSION_GROWTH:
+                or cost.load_s < 0 or cost.growth_seen < 0 \
+                or not 0 < cost.session_growth <= SESSION_GROWTH:
             raise TableFormatError(f"{where} holds negative figures: run `vbs plan` again")
         return cost
 
@@ -111,13 +114,14 @@ def _measure_here(store: PlanStore, served: str, spec: ModelSpec, solver: str, o
                     runtime_options=options)
     load_s = time.perf_counter() - t0
     try:
-        growth = served_growth(worker.growth_seen)
+        seen = round(worker.growth_seen, 3)
+        growth = served_growth(seen)
         # the runtime's rule is linear in a session's weights: its largest session's need at
         # the growth served is its need at the bound the load above asked, scaled
         making = math.ceil(worker.making_bytes * growth / SESSION_GROWTH)
         cost = LoadCost(kept_bytes=worker.kept_bytes(), load_s=round(load_s, 3),
                         weights_bytes=model.weights_bytes, held_bytes=worker.held_bytes,
-                        making_bytes=making, session_growth=growth)
+                        making_bytes=making, session_growth=growth, growth_seen=seen)
     finally:
         worker.release()
     return stored.compiled_id, cost

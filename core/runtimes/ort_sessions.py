@@ -287,6 +287,10 @@ class OrtSessions:
             if found is None:
                 while len(self._runs) >= self.max_sessions:
                     self._evict()
+                # its making starts with its graph composed (a copy of its weights, the layers'
+                # graphs parsed): the peak is measured from here
+                start = status_bytes("VmRSS")
+                reset_peak()
                 try:
                     model = self.graphs.compose(self.nodes(first, last))
                 except CannotCompose as exc:
@@ -297,11 +301,10 @@ class OrtSessions:
                 self._making = max(self._making, need)
                 self._make_room(first, last, need)
                 before = status_bytes("VmRSS")
-                reset_peak()
                 session = self._weights.session(model, session_options(
                     self.threads, spin=self.spin))
                 if weights >= SEEN_WEIGHTS:  # below, what ONNX Runtime makes of its own rules
-                    self._seen = max(self._seen, (status_bytes("VmHWM") - before) / weights)
+                    self._seen = max(self._seen, (status_bytes("VmHWM") - start) / weights)
                 # what the process grew by, less the weights it added to the shared ones
                 # (counted once, in held_bytes), and at least its graph, which it copies (the
                 # weights too small to share among them): where it reused pages freed before,

@@ -131,7 +131,7 @@ def test_a_session_asks_free_what_vbs_plan_measured_making_it_took(tmp_path: Pat
     ``served_growth``) free before a session, not the bound of 7, and the bytes the service
     counts for the load before it starts are what the load then asks."""
     store = str(tmp_path / "store")
-    name, served = "tests.planner.factories:wide_pair", "wide"
+    name, served = "tests.planner.factories:conv_chain", "chain"
     assert main(["plan", "--model", f"{served}={name}@3x8x8", "--batch-max", "2", "--store",
                  store, "--cache-dir", str(tmp_path / "cache"), "--quiet"]) == 0
     assert "a session asks" in capsys.readouterr().out
@@ -139,9 +139,10 @@ def test_a_session_asks_free_what_vbs_plan_measured_making_it_took(tmp_path: Pat
     with open_store(store) as st:
         cost = read_load(st, st.get_model(compiled_key(served, spec)))
         stored = read_compiled(st, served, spec, "vbs", "time")
-    assert cost is not None and cost.weights_bytes > 2 << 20
-    # measured: a session peaks above the weights it keeps, well below the bound
-    assert GROWTH_FLOOR <= cost.session_growth < SESSION_GROWTH
+    assert cost is not None and cost.weights_bytes > 8 << 20
+    # measured (the bound only where nothing was): a session peaks above the weights it keeps
+    assert cost.growth_seen > 1.0
+    assert cost.session_growth == served_growth(cost.growth_seen) >= GROWTH_FLOOR
     model = ArrayModel(stored.compiled, stored.profile.root, stored.fingerprint)
     worker = Worker(model, stored.tables["vbs"], MemoryProbe("cpu"), name=served,
                     runtime_options=RuntimeOptions(session_growth=cost.session_growth))
