@@ -151,7 +151,7 @@ class ModelEntry:
         if self.load_cost is not None:  # what `vbs plan` measured, known before its first load
             out["planned_load"] = {"kept_bytes": self.load_cost.kept_bytes,
                                    "making_bytes": self.load_cost.making_bytes,
-                                   "session_growth": self.load_cost.session_growth,
+                                   "making_factor": self.load_cost.making_factor,
                                    "load_s": self.load_cost.load_s}
         if self.error:
             out["error"] = self.error

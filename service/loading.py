@@ -192,9 +192,9 @@ class ModelLoader:
         store = self._sync_store()
         s = self.settings
         # a session asks free what `vbs plan` measured the model's sessions take to make
-        growth = entry.load_cost.session_growth if entry.load_cost is not None else None
+        factor = entry.load_cost.making_factor if entry.load_cost is not None else None
         options = RuntimeOptions(spin=s.ort_spin, max_sessions=s.ort_sessions, arena=self.arena,
-                                 session_growth=growth)
+                                 making_factor=factor)
         runtimes: dict[str, Any] = {}  # made already (the interim table's): the worker's
         found = self._compiled(entry, store)
         lean = found is not None

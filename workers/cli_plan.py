@@ -67,7 +67,7 @@ def _load_line(store: Any, location: str, served: str, spec: Any, solver: str,
         return f"  what the worker without torch keeps not measured: {' '.join(str(exc).split())}"
     return (f"  loaded without torch: keeps {cost.kept_bytes / 2**20:.1f} MiB (weights "
             f"{cost.weights_bytes / 2**20:.1f}, sessions {cost.held_bytes / 2**20:.1f}), "
-            f"{cost.load_s:.2f} s; a session asks {cost.session_growth:.2f}x its weights free "
+            f"{cost.load_s:.2f} s; a session asks {cost.making_factor:.2f}x its weights free "
             f"(stored for the service)")
 
 

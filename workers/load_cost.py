@@ -7,7 +7,7 @@ worker without torch does (its tables read from the store, its runtimes' session
 plans at the top budget, ``workers.worker.Worker``), in a fresh process of its own (no torch, no
 heap left over from profiling: what a worker's process grows by), and stores what the worker
 says it keeps, how long that took and what making its sessions cost at their peak, per byte of
-their weights (``core.runtimes.ort_sessions.served_growth``: what a session then asks free,
+their weights (``core.runtimes.ort_sessions.served_factor``: what a session then asks free,
 where the bound of 7 made resnet34 wait for memory it never needed). The service reads the
 figures for a model it has not loaded yet (``service.loading``). Once a model has loaded, its
 own figures replace them.
@@ -29,7 +29,7 @@ from pathlib import Path
 from core import errors
 from core.errors import TableFormatError, VbsError
 from core.runtimes.base import RuntimeOptions
-from core.runtimes.ort_sessions import SESSION_GROWTH, served_growth, start
+from core.runtimes.ort_sessions import SESSION_GROWTH, served_factor, start
 from core.spec import ModelSpec
 from planner.store import PlanStore
 from planner.stored import read_compiled
@@ -47,8 +47,8 @@ class LoadCost:
     weights_bytes: int  # of ``kept_bytes``
     held_bytes: int     # of ``kept_bytes``: its runtimes' sessions
     making_bytes: int   # free while its largest session is made (``Worker.making_bytes``)
-    session_growth: float = float(SESSION_GROWTH)  # what a session asks free per weight byte
-    growth_seen: float = 0.0  # what making its sessions took per weight byte, measured
+    making_factor: float = float(SESSION_GROWTH)  # what a session asks free per weight byte
+    making_seen: float = 0.0  # what making its sessions took per weight byte, measured
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -61,15 +61,16 @@ class LoadCost:
                        weights_bytes=int(raw["weights_bytes"]), held_bytes=int(raw["held_bytes"]),
                        making_bytes=int(raw["making_bytes"]),
                        # figures of a `vbs plan` that did not measure it: the bound
-                       session_growth=float(raw.get("session_growth", SESSION_GROWTH)),
-                       growth_seen=float(raw.get("growth_seen", 0.0)))
+                       making_factor=float(raw.get("making_factor", SESSION_GROWTH)),
+                       making_seen=float(raw.get("making_seen", 0.0)))
         except (ValueError, TypeError, KeyError) as exc:
             raise TableFormatError(f"{where} cannot be read ({exc!r}): run `vbs plan` for the "
                                    "model again") from exc
         if min(cost.kept_bytes, cost.weights_bytes, cost.held_bytes, cost.making_bytes) < 0 \
-                or cost.load_s < 0 or cost.growth_seen < 0 \
-                or not 0 < cost.session_growth <= SESSION_GROWTH:
-            raise TableFormatError(f"{where} holds negative figures: run `vbs plan` again")
+                or cost.load_s < 0 or cost.making_seen < 0 \
+                or not 0 < cost.making_factor <= SESSION_GROWTH:
+            raise TableFormatError(f"{where} holds figures out of range (negative, or a session "
+                                   f"factor above {SESSION_GROWTH}): run `vbs plan` again")
         return cost
 
 
@@ -114,14 +115,14 @@ def _measure_here(store: PlanStore, served: str, spec: ModelSpec, solver: str, o
                     runtime_options=options)
     load_s = time.perf_counter() - t0
     try:
-        seen = round(worker.growth_seen, 3)
-        growth = served_growth(seen)
+        seen = round(worker.making_seen, 3)
+        factor = served_factor(seen)
         # the runtime's rule is linear in a session's weights: its largest session's need at
-        # the growth served is its need at the bound the load above asked, scaled
-        making = math.ceil(worker.making_bytes * growth / SESSION_GROWTH)
+        # the factor served is its need at the bound the load above asked, scaled
+        making = math.ceil(worker.making_bytes * factor / SESSION_GROWTH)
         cost = LoadCost(kept_bytes=worker.kept_bytes(), load_s=round(load_s, 3),
                         weights_bytes=model.weights_bytes, held_bytes=worker.held_bytes,
-                        making_bytes=making, session_growth=growth, growth_seen=seen)
+                        making_bytes=making, making_factor=factor, making_seen=seen)
     finally:
         worker.release()
     return stored.compiled_id, cost

@@ -228,10 +228,10 @@ class Worker:
         return max((r.making_bytes for r in list(self.runtimes.values())), default=0)
 
     @property
-    def growth_seen(self) -> float:
+    def making_seen(self) -> float:
         """The most one of its runtimes' sessions grew the process by while it was made, per
-        byte of its weights (``UnitRuntime.growth_seen``)."""
-        return max((r.growth_seen for r in list(self.runtimes.values())), default=0.0)
+        byte of its weights (``UnitRuntime.making_seen``)."""
+        return max((r.making_seen for r in list(self.runtimes.values())), default=0.0)
 
     def kept_bytes(self) -> int:
         """What this model keeps loaded, as its parts say: its weights, what its runtimes keep

@@ -40,8 +40,8 @@ class RuntimeOptions:
     arena: bool = True  # ONNX Runtime's shared arena; False: what a call allocates goes back
     room: Callable[[], int] | None = None
     # bytes a session asks free per byte of its weights, as `vbs plan` measured the model's
-    # (``core.runtimes.ort_sessions.served_growth``); None: the bound where nothing was measured
-    session_growth: float | None = None
+    # (``core.runtimes.ort_sessions.served_factor``); None: the bound where nothing was measured
+    making_factor: float | None = None
 
 
 class UnitRuntime(Protocol):
@@ -75,7 +75,7 @@ class UnitRuntime(Protocol):
         so."""
 
     @property
-    def growth_seen(self) -> float:
+    def making_seen(self) -> float:
         """The most making something it keeps grew the process's peak by, per byte of that
         thing's weights (ONNX Runtime's sessions; 0 where it makes nothing so or measured
         none)."""

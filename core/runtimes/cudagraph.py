@@ -183,7 +183,7 @@ class GraphUnits:
         return 0
 
     @property
-    def growth_seen(self) -> float:
+    def making_seen(self) -> float:
         return 0.0
 
     @property

@@ -46,7 +46,7 @@ class EagerUnits:
         return 0
 
     @property
-    def growth_seen(self) -> float:
+    def making_seen(self) -> float:
         return 0.0
 
     def give_back(self) -> None:

@@ -49,13 +49,13 @@ class OrtUnits(OrtSessions):
     def __init__(self, capture: Capture, graphs: UnitGraphs | None = None,
                  threads: int | None = None, *, arena: bool = True, spin: bool = True,
                  max_sessions: int = 128, room: Callable[[], int] | None = None,
-                 growth: float | None = None) -> None:
+                 making_factor: float | None = None) -> None:
         why = unavailable(capture)
         if why:
             raise ExecutionError(f"{capture.model.spec.name}: ONNX Runtime cannot run it: {why}")
         super().__init__(graphs if graphs is not None else export_units(capture),
                          threads or torch.get_num_threads(), arena=arena, spin=spin,
-                         max_sessions=max_sessions, room=room, growth=growth)
+                         max_sessions=max_sessions, room=room, making_factor=making_factor)
         self.capture = capture
         self.device = capture.model.device
         self._dtype = NUMPY[capture.model.spec.dtype]
@@ -84,4 +84,4 @@ class OrtUnits(OrtSessions):
 
 def load(capture: Capture, options: RuntimeOptions) -> OrtUnits:
     return OrtUnits(capture, spin=options.spin, max_sessions=options.max_sessions,
-                    room=options.room, arena=options.arena, growth=options.session_growth)
+                    room=options.room, arena=options.arena, making_factor=options.making_factor)

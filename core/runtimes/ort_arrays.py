@@ -34,13 +34,13 @@ class ArrayUnits(OrtSessions):
 
     def __init__(self, graphs: UnitGraphs, threads: int | None = None, *, arena: bool = True,
                  spin: bool = True, max_sessions: int = 128,
-                 room: Callable[[], int] | None = None, growth: float | None = None) -> None:
+                 room: Callable[[], int] | None = None, making_factor: float | None = None) -> None:
         dtype = graphs.shapes.dtype
         if dtype not in NUMPY:
             raise ExecutionError(f"{graphs.shapes.name}: ONNX Runtime's CPU kernels run "
                                  f"float32 here, not {dtype}")
         super().__init__(graphs, threads or cpu_threads(), arena=arena, spin=spin,
-                         max_sessions=max_sessions, room=room, growth=growth)
+                         max_sessions=max_sessions, room=room, making_factor=making_factor)
         self.dtype = np.dtype(NUMPY[dtype])
 
     def call(self, nodes: tuple[Node, ...], x: np.ndarray, samples: int,
@@ -56,4 +56,4 @@ class ArrayUnits(OrtSessions):
 
 def load(graphs: UnitGraphs, options: RuntimeOptions) -> ArrayUnits:
     return ArrayUnits(graphs, spin=options.spin, max_sessions=options.max_sessions,
-                      room=options.room, arena=options.arena, growth=options.session_growth)
+                      room=options.room, arena=options.arena, making_factor=options.making_factor)

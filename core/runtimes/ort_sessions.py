@@ -84,23 +84,23 @@ STOP = "session.force_spinning_stop"
 # models be OOM-killed at its limit (docs/benchmarks.md section 8), so the bound stays
 # where nothing was measured for the model: `vbs plan` measures its sessions' peaks in a fresh
 # process of the worker without torch (``workers.load_cost``), and the service asks that
-# (``served_growth``) free instead
+# (``served_factor``) free instead
 SESSION_GROWTH = 7
-# a measured growth is served with this much more (a session made later, of a shorter run,
+# a measured factor is served with this much more (a session made later, of a shorter run,
 # has more of its own beside its weights), and at least FLOOR
-GROWTH_MARGIN = 0.5
-GROWTH_FLOOR = 1.5
+FACTOR_MARGIN = 0.5
+FACTOR_FLOOR = 1.5
 SEEN_WEIGHTS = 1 << 20  # sessions of fewer weight bytes are not measured per byte
 
 
-def served_growth(measured: float) -> float:
+def served_factor(measured: float) -> float:
     """The bytes a session asks free per byte of its weights, from the most its model's
     sessions grew the process by at their peak per byte when `vbs plan` made them
-    (``OrtSessions.growth_seen``): never above ``SESSION_GROWTH``, the bound where nothing was
+    (``OrtSessions.making_seen``): never above ``SESSION_GROWTH``, the bound where nothing was
     measured (0)."""
     if measured <= 0:
         return float(SESSION_GROWTH)
-    return round(min(float(SESSION_GROWTH), max(GROWTH_FLOOR, measured * (1 + GROWTH_MARGIN))), 3)
+    return round(min(float(SESSION_GROWTH), max(FACTOR_FLOOR, measured * (1 + FACTOR_MARGIN))), 3)
 
 
 def weight_bytes(model: onnx.ModelProto) -> int:
@@ -199,7 +199,7 @@ class OrtSessions:
 
     def __init__(self, graphs: UnitGraphs, threads: int, *, arena: bool = True,
                  spin: bool = True, max_sessions: int = 128,
-                 room: Callable[[], int] | None = None, growth: float | None = None) -> None:
+                 room: Callable[[], int] | None = None, making_factor: float | None = None) -> None:
         _environment()
         self.graphs = graphs
         self.model_name = graphs.shapes.name
@@ -215,8 +215,8 @@ class OrtSessions:
         # every weight once for all the runs' sessions (``core.runtimes.ort_weights``)
         self._weights = SharedWeights()
         self._making = 0  # the most a session asked to be free before it was made
-        # what a session asks free per byte of its weights (``served_growth``; None: the bound)
-        self.growth = float(growth) if growth else float(SESSION_GROWTH)
+        # what a session asks free per byte of its weights (``served_factor``; None: the bound)
+        self.making_factor = float(making_factor) if making_factor else float(SESSION_GROWTH)
         self._seen = 0.0  # the most a session made here grew the process by per weight byte
 
     def reason(self, node: Node) -> str:
@@ -253,11 +253,11 @@ class OrtSessions:
     @property
     def making_bytes(self) -> int:
         """The most memory a session of these runs asked to be free before it was made (its
-        ``growth`` x weights), asked or made already: what making it again asks."""
+        ``making_factor`` x weights), asked or made already: what making it again asks."""
         return self._making
 
     @property
-    def growth_seen(self) -> float:
+    def making_seen(self) -> float:
         """The most a session made here grew the process's peak resident set by while it was
         made, per byte of its weights (0: none made). In a fresh process (`vbs plan`'s
         measurement) that is what making it costs; in a busy one, other threads' allocations
@@ -288,22 +288,26 @@ class OrtSessions:
                 while len(self._runs) >= self.max_sessions:
                     self._evict()
                 # its making starts with its graph composed (a copy of its weights, the layers'
-                # graphs parsed): the peak is measured from here
-                start = status_bytes("VmRSS")
-                reset_peak()
+                # graphs parsed): the peak is measured from here (where the kernel lets the
+                # process reset its peak)
+                start: int | None = status_bytes("VmRSS")
+                try:
+                    reset_peak()
+                except OSError:
+                    start = None
                 try:
                     model = self.graphs.compose(self.nodes(first, last))
                 except CannotCompose as exc:
                     raise ExecutionError(f"{self.model_name}: {first}..{last} cannot run on "
                                          f"ONNX Runtime: {exc}") from exc
                 weights = weight_bytes(model)
-                need = math.ceil(self.growth * weights)
+                need = math.ceil(self.making_factor * weights)
                 self._making = max(self._making, need)
                 self._make_room(first, last, need)
                 before = status_bytes("VmRSS")
                 session = self._weights.session(model, session_options(
                     self.threads, spin=self.spin))
-                if weights >= SEEN_WEIGHTS:  # below, what ONNX Runtime makes of its own rules
+                if start is not None and weights >= SEEN_WEIGHTS:  # below: ONNX Runtime's own
                     self._seen = max(self._seen, (status_bytes("VmHWM") - start) / weights)
                 # what the process grew by, less the weights it added to the shared ones
                 # (counted once, in held_bytes), and at least its graph, which it copies (the

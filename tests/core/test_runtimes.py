@@ -227,10 +227,10 @@ def test_a_session_is_made_only_where_memory_allows_and_old_ones_go_first() -> N
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/self/status")
-def test_a_session_asks_free_the_growth_it_is_given_and_measures_what_making_it_took() -> None:
-    """Given the growth `vbs plan` measured for the model (``RuntimeOptions.session_growth``),
+def test_a_session_asks_free_the_factor_it_is_given_and_measures_what_making_it_took() -> None:
+    """Given the factor `vbs plan` measured for the model (``RuntimeOptions.making_factor``),
     a session asks that times its weights free, to the byte, not the bound; and what making
-    it grew the process's peak by, per weight byte, is measured (``growth_seen``)."""
+    it grew the process's peak by, per weight byte, is measured (``making_seen``)."""
     import math
 
     from core.errors import OutOfMemoryError
@@ -241,16 +241,16 @@ def test_a_session_asks_free_the_growth_it_is_given_and_measures_what_making_it_
     whole = tuple(cap.tree.children)
     weights = _weight_bytes(OrtUnits(cap).graphs.compose(whole))
     need = math.ceil(2.5 * weights)
-    short = OrtUnits(cap, room=lambda: need - 1, growth=2.5)
+    short = OrtUnits(cap, room=lambda: need - 1, making_factor=2.5)
     with pytest.raises(OutOfMemoryError, match=f"needs about {need} bytes"):
         short.prepare(whole, 1)
-    assert short.sessions == 0 and short.growth_seen == 0.0
-    units = OrtUnits(cap, room=lambda: need, growth=2.5)
+    assert short.sessions == 0 and short.making_seen == 0.0
+    units = OrtUnits(cap, room=lambda: need, making_factor=2.5)
     units.prepare(whole, 1)
     assert units.making_bytes == need
     # measured (in this busy process, pages freed before are reused: `vbs plan` measures in
     # a fresh one, tests/workers/test_load_cost.py)
-    assert 0 < units.growth_seen <= SESSION_GROWTH
+    assert 0 < units.making_seen <= SESSION_GROWTH
     units.release()
 
 

@@ -84,7 +84,7 @@ def test_a_compiled_model_is_served_without_torch_by_default(plan: Any, make_set
     # known before the load, from the store: what `vbs plan` measured the model keeps
     assert described["planned_load"] == {"kept_bytes": recorded.kept_bytes,
                                          "making_bytes": recorded.making_bytes,
-                                         "session_growth": recorded.session_growth,
+                                         "making_factor": recorded.making_factor,
                                          "load_s": recorded.load_s}
     assert described["kept_bytes"] >= recorded.weights_bytes
 

@@ -14,7 +14,7 @@ from core import runtimes
 from core.compiled import CompiledModel
 from core.errors import TableFormatError, UsageError
 from core.runtimes.base import RuntimeOptions
-from core.runtimes.ort_sessions import GROWTH_FLOOR, SESSION_GROWTH, served_growth
+from core.runtimes.ort_sessions import FACTOR_FLOOR, SESSION_GROWTH, served_factor
 from core.spec import ModelSpec
 from core.tree import Layer, Measured, Profile, Series, iter_layers
 from planner.pipeline import Prepared, capture_model, compile_served, publish, strategies
@@ -128,7 +128,7 @@ def test_a_session_asks_free_what_vbs_plan_measured_making_it_took(tmp_path: Pat
                                                                      capsys) -> None:
     """`vbs plan` measures, in a fresh process, what making the model's sessions grew it by
     at the peak per byte of their weights; the service's worker asks that (with the margin of
-    ``served_growth``) free before a session, not the bound of 7, and the bytes the service
+    ``served_factor``) free before a session, not the bound of 7, and the bytes the service
     counts for the load before it starts are what the load then asks."""
     store = str(tmp_path / "store")
     name, served = "tests.planner.factories:conv_chain", "chain"
@@ -141,23 +141,23 @@ def test_a_session_asks_free_what_vbs_plan_measured_making_it_took(tmp_path: Pat
         stored = read_compiled(st, served, spec, "vbs", "time")
     assert cost is not None and cost.weights_bytes > 8 << 20
     # measured (the bound only where nothing was): a session peaks above the weights it keeps
-    assert cost.growth_seen > 1.0
-    assert cost.session_growth == served_growth(cost.growth_seen) >= GROWTH_FLOOR
+    assert cost.making_seen > 1.0
+    assert cost.making_factor == served_factor(cost.making_seen) >= FACTOR_FLOOR
     model = ArrayModel(stored.compiled, stored.profile.root, stored.fingerprint)
     worker = Worker(model, stored.tables["vbs"], MemoryProbe("cpu"), name=served,
-                    runtime_options=RuntimeOptions(session_growth=cost.session_growth))
+                    runtime_options=RuntimeOptions(making_factor=cost.making_factor))
     try:
         assert worker.making_bytes == cost.making_bytes
-        assert cost.making_bytes <= cost.session_growth * cost.weights_bytes + 1
+        assert cost.making_bytes <= cost.making_factor * cost.weights_bytes + 1
     finally:
         worker.release()
 
 
-def test_the_served_growth_is_the_measured_one_with_its_margin_within_the_bound() -> None:
-    assert served_growth(0.0) == SESSION_GROWTH  # nothing measured
-    assert served_growth(0.2) == GROWTH_FLOOR
-    assert served_growth(2.0) == 3.0
-    assert served_growth(40.0) == SESSION_GROWTH
+def test_the_served_factor_is_the_measured_one_with_its_margin_within_the_bound() -> None:
+    assert served_factor(0.0) == SESSION_GROWTH  # nothing measured
+    assert served_factor(0.2) == FACTOR_FLOOR
+    assert served_factor(2.0) == 3.0
+    assert served_factor(40.0) == SESSION_GROWTH
 
 
 @pytest.mark.parametrize("data", [b"{", b'{"kept_bytes": 1}', b'{"kept_bytes": -1, "load_s": 1, '
