@@ -43,32 +43,62 @@ def cmd_plan(args: argparse.Namespace) -> int:
                   f"{len(table.plans)} plans; also {others}) {how} at {store.location}")
             for line in runtime_lines(prepared.profile):
                 print(line)
-            print(_load_line(store, settings.store_location, served, spec, table.solver,
-                             table.objective))
+            print(_load_line(store, settings.store_location, served, spec, prepared))
     finally:
         store.close()
     return 0
 
 
-def _load_line(store: Any, location: str, served: str, spec: Any, solver: str,
-               objective: str) -> str:
+def _load_line(store: Any, location: str, served: str, spec: Any, prepared: Any) -> str:
     """What the worker without torch keeps of ``served`` and how long it loads, measured and
-    stored; or why it does not serve it."""
+    stored; or why it does not serve it (and what the torch worker keeps of it instead)."""
     from core.errors import TableNotFoundError, UsageError, VbsError
     from workers.load_cost import record_load
 
+    table = prepared.table
     try:
-        cost = record_load(store, location, served, spec, solver, objective)
+        cost = record_load(store, location, served, spec, table.solver, table.objective)
     except TableNotFoundError:  # not compiled (CUDA, a dtype ONNX Runtime does not run here)
         return "  the worker without torch does not serve it (not compiled)"
     except UsageError as exc:  # a plan with torch steps: served with torch
-        return f"  the worker without torch does not serve it: {' '.join(str(exc).split())}"
+        why = " ".join(str(exc).split())
+        return f"  the worker without torch does not serve it: {why}\n" + \
+            _torch_load_line(store, served, spec, prepared)
     except VbsError as exc:  # the tables stand; the service learns the cost at the first load
         return f"  what the worker without torch keeps not measured: {' '.join(str(exc).split())}"
     return (f"  loaded without torch: keeps {cost.kept_bytes / 2**20:.1f} MiB (weights "
             f"{cost.weights_bytes / 2**20:.1f}, sessions {cost.held_bytes / 2**20:.1f}), "
             f"{cost.load_s:.2f} s; a session asks {cost.making_factor:.2f}x its weights free "
             f"(stored for the service)")
+
+
+def _torch_load_line(store: Any, served: str, spec: Any, prepared: Any) -> str:
+    """What the default worker keeps of a compiled model it serves with torch (torch's import
+    counted: ``workers.load_cost.record_torch_load``), measured and stored."""
+    import time
+
+    from core.errors import VbsError
+    from planner.stored import compiled_key
+    from workers.load_cost import record_torch_load, torch_import_bytes
+    from workers.memory import MemoryProbe
+    from workers.worker import Worker
+
+    cid = store.get_model(compiled_key(served, spec))
+    if cid is None:
+        return "  what the torch worker keeps of it not measured (no compiled model)"
+    try:
+        imported = torch_import_bytes()
+        t0 = time.perf_counter()
+        worker = Worker(prepared.capture, prepared.table, MemoryProbe(spec.device), name=served)
+        try:
+            cost = record_torch_load(store, cid, worker, time.perf_counter() - t0, imported)
+        finally:
+            worker.release()
+    except VbsError as exc:
+        return f"  what the torch worker keeps of it not measured: {' '.join(str(exc).split())}"
+    return (f"  served with torch: keeps {cost.kept_bytes / 2**20:.1f} MiB (torch's import "
+            f"{imported / 2**20:.1f}, weights {cost.weights_bytes / 2**20:.1f}, sessions "
+            f"{cost.held_bytes / 2**20:.1f}; stored for the service)")
 
 
 def add_parser(sub: Any) -> None:

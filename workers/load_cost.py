@@ -12,6 +12,12 @@ where the bound of 7 made resnet34 wait for memory it never needed). The service
 figures for a model it has not loaded yet (``service.loading``). Once a model has loaded, its
 own figures replace them.
 
+A model whose plans need torch is served with it even by the default worker, which then
+imports torch into a process that had none: about 500 MiB for torch and 160 for torchvision
+(the CUDA build), which killed a server of eight models at its limit as the ninth import did
+not show in any model's cost. So for such a model `vbs plan` stores what the torch worker
+keeps of it with that import counted (``record_torch_load``): measured in a fresh process.
+
     python -m workers.load_cost < JOB.json   # what measure_load runs; prints the figures
 """
 
@@ -49,6 +55,7 @@ class LoadCost:
     making_bytes: int   # free while its largest session is made (``Worker.making_bytes``)
     making_factor: float = float(SESSION_GROWTH)  # what a session asks free per weight byte
     making_seen: float = 0.0  # what making its sessions took per weight byte, measured
+    with_torch: bool = False  # served with torch: ``kept_bytes`` counts torch's import
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -62,7 +69,8 @@ class LoadCost:
                        making_bytes=int(raw["making_bytes"]),
                        # figures of a `vbs plan` that did not measure it: the bound
                        making_factor=float(raw.get("making_factor", SESSION_GROWTH)),
-                       making_seen=float(raw.get("making_seen", 0.0)))
+                       making_seen=float(raw.get("making_seen", 0.0)),
+                       with_torch=bool(raw.get("with_torch", False)))
         except (ValueError, TypeError, KeyError) as exc:
             raise TableFormatError(f"{where} cannot be read ({exc!r}): run `vbs plan` for the "
                                    "model again") from exc
@@ -134,6 +142,38 @@ def record_load(store: PlanStore, location: str, served: str, spec: ModelSpec, s
     ``location``: ``PlanStore.put_load``)."""
     cid, cost = measure_load(location, served, spec, solver, objective, options)
     store.put_load(cid, cost.to_bytes())
+    return cost
+
+
+def torch_import_bytes() -> int:
+    """What importing torch and torchvision grows a fresh Python process by (resident)."""
+    code = ("import sys\n"
+            "def rss():\n"
+            "    for line in open('/proc/self/status'):\n"
+            "        if line.startswith('VmRSS:'):\n"
+            "            return int(line.split()[1]) * 1024\n"
+            "before = rss()\n"
+            "import torch, torchvision\n"
+            "print(rss() - before)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    try:
+        return int(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        raise VbsError(f"measuring torch's import failed (exit {done.returncode}): "
+                       f"{done.stderr.strip()[-800:]}") from None
+
+
+def record_torch_load(store: PlanStore, compiled_id: str, worker: Worker, load_s: float,
+                      import_bytes: int) -> LoadCost:
+    """What ``worker`` (a torch worker of the model compiled as ``compiled_id``, whose plans
+    need torch) keeps, with torch's import (``torch_import_bytes``) counted, stored beside the
+    compiled model for the service's first load of it (``PlanStore.put_load``). Measured in
+    `vbs plan`'s own process, where pages freed by profiling are reused: its sessions ask the
+    bound (``SESSION_GROWTH``), not a factor measured there."""
+    cost = LoadCost(kept_bytes=worker.kept_bytes() + import_bytes, load_s=round(load_s, 3),
+                    weights_bytes=worker.model.weights_bytes, held_bytes=worker.held_bytes,
+                    making_bytes=worker.making_bytes, with_torch=True)
+    store.put_load(compiled_id, cost.to_bytes())
     return cost
 
 

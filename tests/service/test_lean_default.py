@@ -92,8 +92,17 @@ def test_a_compiled_model_is_served_without_torch_by_default(plan: Any, make_set
 def test_a_model_planned_for_torch_alone_is_served_with_torch(plan: Any, make_settings: Any
                                                               ) -> None:
     # no ONNX Runtime figures: its plans run torch steps, which the worker without torch cannot
-    described = _served(make_settings, plan("--runtime", "torch"), runtime="torch")
+    planned = plan("--runtime", "torch")
+    with open_store(str(planned[0])) as st:
+        recorded = read_load(st, st.get_model(compiled_key("tiny", ModelSpec(
+            NAME, input_shape=TINY_SHAPE))))
+    # what the default worker keeps of it is known before its load: torch's import counted
+    # (hundreds of MB, where the model's weights are a few KB), as `vbs plan` measured it
+    assert recorded is not None and recorded.with_torch
+    assert recorded.kept_bytes > 100 * 2**20 > recorded.weights_bytes > 0
+    described = _served(make_settings, planned, runtime="torch")
     assert described["runs_on"] == TORCH, described
+    assert described["planned_load"]["kept_bytes"] == recorded.kept_bytes
 
 
 def test_lean_off_serves_a_compiled_model_with_torch(plan: Any, make_settings: Any) -> None:
