@@ -53,15 +53,20 @@ def add_runtime_arg(p: argparse.ArgumentParser) -> None:
                         "wherever it takes the unit, or torch (default: VBS_RUNTIME, auto)")
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
-    """Settings from the environment, overridden by the flags that were given."""
+def given_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings the flags that were given override (as JSON values)."""
     overrides: dict[str, Any] = {}
     for field in ("dtype", "device", "store", "batch_max", "cache_dir", "runtime"):
         value = getattr(args, field, None)
         if value is not None:
-            overrides[field] = value
+            overrides[field] = str(value) if isinstance(value, Path) else value
+    return overrides
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    """Settings from the environment, overridden by the flags that were given."""
     try:
-        return Settings(**overrides)
+        return Settings(**given_settings(args))
     except ValueError as exc:
         raise UsageError(f"invalid setting: {exc}") from exc
 

@@ -22,7 +22,7 @@ from planner.cli_plan import add_common_args, model_specs
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from planner.cli import runtime_lines, settings_from
+    from planner.cli import given_settings, runtime_lines, settings_from
     from planner.pipeline import prepare
     from planner.store import open_store
 
@@ -43,27 +43,29 @@ def cmd_plan(args: argparse.Namespace) -> int:
                   f"{len(table.plans)} plans; also {others}) {how} at {store.location}")
             for line in runtime_lines(prepared.profile):
                 print(line)
-            print(_load_line(store, settings.store_location, served, spec, prepared))
+            given = {"settings": given_settings(args), "batch_max": args.batch_max,
+                     "grid": args.grid or None}
+            print(_load_line(store, settings.store_location, served, spec, table, given))
     finally:
         store.close()
     return 0
 
 
-def _load_line(store: Any, location: str, served: str, spec: Any, prepared: Any) -> str:
+def _load_line(store: Any, location: str, served: str, spec: Any, table: Any,
+               given: dict[str, Any]) -> str:
     """What the worker without torch keeps of ``served`` and how long it loads, measured and
     stored; or why it does not serve it (and what the torch worker keeps of it instead)."""
     from core.errors import TableNotFoundError, UsageError, VbsError
     from workers.load_cost import record_load
 
-    table = prepared.table
     try:
         cost = record_load(store, location, served, spec, table.solver, table.objective)
     except TableNotFoundError:  # not compiled (CUDA, a dtype ONNX Runtime does not run here)
         return "  the worker without torch does not serve it (not compiled)"
     except UsageError as exc:  # a plan with torch steps: served with torch
         why = " ".join(str(exc).split())
-        return f"  the worker without torch does not serve it: {why}\n" + \
-            _torch_load_line(store, served, spec, prepared)
+        return f"  the worker without torch does not serve it: {why}\n" + _torch_load_line(
+            store, location, served, spec, table.solver, table.objective, given)
     except VbsError as exc:  # the tables stand; the service learns the cost at the first load
         return f"  what the worker without torch keeps not measured: {' '.join(str(exc).split())}"
     return (f"  loaded without torch: keeps {cost.kept_bytes / 2**20:.1f} MiB (weights "
@@ -72,33 +74,22 @@ def _load_line(store: Any, location: str, served: str, spec: Any, prepared: Any)
             f"(stored for the service)")
 
 
-def _torch_load_line(store: Any, served: str, spec: Any, prepared: Any) -> str:
-    """What the default worker keeps of a compiled model it serves with torch (torch's import
-    counted: ``workers.load_cost.record_torch_load``), measured and stored."""
-    import time
-
+def _torch_load_line(store: Any, location: str, served: str, spec: Any, solver: str,
+                     objective: str, given: dict[str, Any]) -> str:
+    """What the default worker keeps of a compiled model it serves with torch, torch's import
+    counted, and what its load needs free (``workers.load_cost._measure_torch``), measured
+    and stored."""
     from core.errors import VbsError
-    from planner.stored import compiled_key
-    from workers.load_cost import record_torch_load, torch_import_bytes
-    from workers.memory import MemoryProbe
-    from workers.worker import Worker
+    from workers.load_cost import record_load
 
-    cid = store.get_model(compiled_key(served, spec))
-    if cid is None:
-        return "  what the torch worker keeps of it not measured (no compiled model)"
     try:
-        imported = torch_import_bytes()
-        t0 = time.perf_counter()
-        worker = Worker(prepared.capture, prepared.table, MemoryProbe(spec.device), name=served)
-        try:
-            cost = record_torch_load(store, cid, worker, time.perf_counter() - t0, imported)
-        finally:
-            worker.release()
+        cost = record_load(store, location, served, spec, solver, objective,
+                           torch_settings=given)
     except VbsError as exc:
         return f"  what the torch worker keeps of it not measured: {' '.join(str(exc).split())}"
-    return (f"  served with torch: keeps {cost.kept_bytes / 2**20:.1f} MiB (torch's import "
-            f"{imported / 2**20:.1f}, weights {cost.weights_bytes / 2**20:.1f}, sessions "
-            f"{cost.held_bytes / 2**20:.1f}; stored for the service)")
+    return (f"  served with torch: keeps {cost.kept_bytes / 2**20:.1f} MiB with torch's import "
+            f"(weights {cost.weights_bytes / 2**20:.1f}), its load needs "
+            f"{cost.making_bytes / 2**20:.1f} MiB free (stored for the service)")
 
 
 def add_parser(sub: Any) -> None:

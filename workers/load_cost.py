@@ -16,7 +16,8 @@ A model whose plans need torch is served with it even by the default worker, whi
 imports torch into a process that had none: about 500 MiB for torch and 160 for torchvision
 (the CUDA build), which killed a server of eight models at its limit as the ninth import did
 not show in any model's cost. So for such a model `vbs plan` stores what the torch worker
-keeps of it with that import counted (``record_torch_load``): measured in a fresh process.
+keeps of it with that import counted, and the load's peak (``_measure_torch``): measured in a
+fresh process of the worker without torch, as the lean worker's own process.
 
     python -m workers.load_cost < JOB.json   # what measure_load runs; prints the figures
 """
@@ -31,10 +32,12 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from core import errors
-from core.errors import TableFormatError, VbsError
+from core.errors import TableFormatError, TableNotFoundError, VbsError
 from core.runtimes.base import RuntimeOptions
+from core.runtimes.ort_memory import reset_peak, status_bytes
 from core.runtimes.ort_sessions import SESSION_GROWTH, served_factor, start
 from core.spec import ModelSpec
 from planner.store import PlanStore
@@ -83,17 +86,21 @@ class LoadCost:
 
 
 def measure_load(location: str, served: str, spec: ModelSpec, solver: str, objective: str,
-                 options: RuntimeOptions | None = None) -> tuple[str, LoadCost]:
+                 options: RuntimeOptions | None = None, *,
+                 torch_settings: dict[str, Any] | None = None) -> tuple[str, LoadCost]:
     """Load ``served``'s compiled model from the store at ``location`` as a worker without
     torch does, in a fresh process (``_measure_here``), and measure it; (its compiled id, the
-    figures). Errors of the load come back as the same ``core.errors`` class."""
+    figures). With ``torch_settings`` (the planner's settings given on the command line, and
+    ``batch_max`` and ``grid``: the profile's fingerprint), the torch worker's load instead,
+    torch's import included (``_measure_torch``). Errors of the load come back as the same
+    ``core.errors`` class."""
     options = options or RuntimeOptions()
     job = {"location": location, "served": served, "solver": solver, "objective": objective,
            "spec": {"name": spec.name, "dtype": spec.dtype, "device": spec.device,
                     "input_shape": list(spec.input_shape) if spec.input_shape else None,
                     "weights": str(spec.weights) if spec.weights else None},
            "options": {"spin": options.spin, "max_sessions": options.max_sessions,
-                       "arena": options.arena}}
+                       "arena": options.arena}, "torch": torch_settings}
     root = Path(__file__).resolve().parent.parent  # the job names the store, not argv (its password)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)}
@@ -136,44 +143,48 @@ def _measure_here(store: PlanStore, served: str, spec: ModelSpec, solver: str, o
     return stored.compiled_id, cost
 
 
+def _measure_torch(store: PlanStore, served: str, spec: ModelSpec, solver: str, objective: str,
+                   options: RuntimeOptions, given: dict[str, Any]) -> tuple[str, LoadCost]:
+    """The torch worker's load of ``served`` in this process, which has not imported torch
+    (a worker without torch's, as the default worker's process is before such a model): what
+    the process grew by (kept) and at its peak (what the load needs free), torch's import
+    included; its sessions ask the bound (``SESSION_GROWTH``)."""
+    first = status_bytes("VmRSS")  # before the planner's modules import torch
+    reset_peak()
+    t0 = time.perf_counter()
+    from planner.pipeline import capture_model, read_prepared
+    from planner.settings import Settings
+    from planner.stored import compiled_key
+
+    settings = Settings(**given["settings"])
+    model = capture_model(spec, settings, batch_max=given["batch_max"], grid=given["grid"])
+    prepared = read_prepared(model, store, solver=solver, objective=objective, repair=False)
+    cid = store.get_model(compiled_key(served, spec))
+    if prepared is None or cid is None:
+        raise TableNotFoundError(f"{served}: no tables of {model.fingerprint} or no compiled "
+                                 f"model in {store.location}: run `vbs plan` for it")
+    worker = Worker(model.capture, prepared.table, MemoryProbe(spec.device), name=served,
+                    runtime_options=options)
+    load_s = time.perf_counter() - t0
+    try:
+        kept = max(worker.kept_bytes(), status_bytes("VmRSS") - first)
+        cost = LoadCost(kept_bytes=kept, load_s=round(load_s, 3),
+                        weights_bytes=worker.model.weights_bytes, held_bytes=worker.held_bytes,
+                        making_bytes=max(worker.making_bytes, status_bytes("VmHWM") - first),
+                        with_torch=True)
+    finally:
+        worker.release()
+    return cid, cost
+
+
 def record_load(store: PlanStore, location: str, served: str, spec: ModelSpec, solver: str,
-                objective: str, options: RuntimeOptions | None = None) -> LoadCost:
+                objective: str, options: RuntimeOptions | None = None, *,
+                torch_settings: dict[str, Any] | None = None) -> LoadCost:
     """``measure_load``, stored beside the compiled model in ``store`` (opened at
     ``location``: ``PlanStore.put_load``)."""
-    cid, cost = measure_load(location, served, spec, solver, objective, options)
+    cid, cost = measure_load(location, served, spec, solver, objective, options,
+                             torch_settings=torch_settings)
     store.put_load(cid, cost.to_bytes())
-    return cost
-
-
-def torch_import_bytes() -> int:
-    """What importing torch and torchvision grows a fresh Python process by (resident)."""
-    code = ("import sys\n"
-            "def rss():\n"
-            "    for line in open('/proc/self/status'):\n"
-            "        if line.startswith('VmRSS:'):\n"
-            "            return int(line.split()[1]) * 1024\n"
-            "before = rss()\n"
-            "import torch, torchvision\n"
-            "print(rss() - before)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    try:
-        return int(done.stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError):
-        raise VbsError(f"measuring torch's import failed (exit {done.returncode}): "
-                       f"{done.stderr.strip()[-800:]}") from None
-
-
-def record_torch_load(store: PlanStore, compiled_id: str, worker: Worker, load_s: float,
-                      import_bytes: int) -> LoadCost:
-    """What ``worker`` (a torch worker of the model compiled as ``compiled_id``, whose plans
-    need torch) keeps, with torch's import (``torch_import_bytes``) counted, stored beside the
-    compiled model for the service's first load of it (``PlanStore.put_load``). Measured in
-    `vbs plan`'s own process, where pages freed by profiling are reused: its sessions ask the
-    bound (``SESSION_GROWTH``), not a factor measured there."""
-    cost = LoadCost(kept_bytes=worker.kept_bytes() + import_bytes, load_s=round(load_s, 3),
-                    weights_bytes=worker.model.weights_bytes, held_bytes=worker.held_bytes,
-                    making_bytes=worker.making_bytes, with_torch=True)
-    store.put_load(compiled_id, cost.to_bytes())
     return cost
 
 
@@ -198,8 +209,9 @@ def _main() -> None:
     try:
         store = open_store(job["location"])
         try:
-            cid, cost = _measure_here(store, job["served"], spec, job["solver"],
-                                      job["objective"], options)
+            args = (store, job["served"], spec, job["solver"], job["objective"], options)
+            cid, cost = (_measure_torch(*args, job["torch"]) if job.get("torch")
+                         else _measure_here(*args))
         finally:
             store.close()
         out: dict = {"compiled_id": cid, "cost": asdict(cost)}
