@@ -306,17 +306,21 @@ class Residency:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.request_timeout_s
         while True:
-            together = [*self.room.loaded(), entry]
+            others = self.room.loaded()
+            together = [*others, entry]
             if self.room.fits(together):
                 # room to make its sessions as it loads, idle models unloaded for it; where
-                # none is idle, it loads anyway (a session not made ahead is made when a plan
-                # first needs it, if memory allows then)
-                victim = None if self.room.fits(together, loading=entry) else \
-                    self.room.victim(entry)
+                # none is idle, it waits for one: what a load takes on its way (its graphs
+                # read and composed, its sessions made) is counted nowhere else, and a load
+                # beside busy models that leave it no such room was the kernel's kill
+                # (docs/benchmarks.md section 8). Alone, it loads (a session not made ahead
+                # is made when a plan first needs it, if memory allows then).
+                making = self.room.fits(together, loading=entry)
+                victim = None if making else self.room.victim(entry)
                 if victim is not None:
                     await self._unload(victim, "memory")
                     continue
-                if self.room.admit(entry):
+                if (making or not others) and self.room.admit(entry):
                     return
             else:
                 too_large = self.room.never_fits(entry)
