@@ -73,10 +73,11 @@ class Room:
         return self.models.fit((e.cost() for e in entries), working,
                                loading.name if loading is not None else None).fits
 
-    def never_fits(self, entry: ModelEntry) -> ModelTooLargeError | None:
+    def never_fits(self, entry: ModelEntry, loading: bool = False) -> ModelTooLargeError | None:
         """Why ``entry`` can never be loaded, even alone (None: it can, or only the device's
-        free memory bounds it, which may grow)."""
-        why = self.models.never_fits(entry.cost())
+        free memory bounds it, which may grow); ``loading``: with room to make its largest
+        session as its load does."""
+        why = self.models.never_fits(entry.cost(), loading)
         return ModelTooLargeError(f"model {entry.name}: {why}") if why is not None else None
 
     def admit(self, entry: ModelEntry) -> bool:
@@ -313,13 +314,18 @@ class Residency:
                 # none is idle, it waits for one: what a load takes on its way (its graphs
                 # read and composed, its sessions made) is counted nowhere else, and a load
                 # beside busy models that leave it no such room was the kernel's kill
-                # (docs/benchmarks.md section 8). Alone, it loads (a session not made ahead
-                # is made when a plan first needs it, if memory allows then).
+                # (docs/benchmarks.md section 8). Alone without that room under a limit, it
+                # never loads (413); with no limit, it loads (a session not made ahead is
+                # made when a plan first needs it, if memory allows then).
                 making = self.room.fits(together, loading=entry)
                 victim = None if making else self.room.victim(entry)
                 if victim is not None:
                     await self._unload(victim, "memory")
                     continue
+                if not making and not others:
+                    too_large = self.room.never_fits(entry, loading=True)
+                    if too_large is not None:
+                        raise too_large
                 if (making or not others) and self.room.admit(entry):
                     return
             else:

@@ -141,12 +141,13 @@ class ModelsMemory:
         reserve = capacity // RESERVE_SHARE if self._owner.counts_requests else 0
         return Fit(total, plans, self._owner.growth, reserve, capacity, making)
 
-    def never_fits(self, model: ModelCost) -> str | None:
+    def never_fits(self, model: ModelCost, loading: bool = False) -> str | None:
         """Why ``model`` can never be loaded, even alone, under a configured or cgroup limit,
         in words naming the figures and the fix (None: it can, or only the device's free
-        memory bounds it, which may grow)."""
+        memory bounds it, which may grow); ``loading``: with room to make its largest session
+        as its load does."""
         owner = self._owner
-        fit = self.fit([model])
+        fit = self.fit([model], loading=model.name if loading else None)
         if not (owner.total or owner.counts_requests) or fit.fits:
             return None
         grown = f" ({fit.growth:g}x as the group grows when it runs)" if fit.growth != 1 else ""
@@ -160,8 +161,10 @@ class ModelsMemory:
                      f"{report.limit_group}, less its {report.margin_bytes} margin and what "
                      "the process holds besides its models) leaves")
             fix = "raise the memory limit"
+        making = (f" (its load, making its largest session, takes {fit.making} beyond that)"
+                  if fit.making > int(fit.growth * fit.plans) else "")
         return (f"keeps about {model.keeps} bytes loaded (weights, runtime sessions, its batch "
-                f"buffer) and its one-sample plan needs {model.one_sample}{grown}"
+                f"buffer) and its one-sample plan needs {model.one_sample}{grown}{making}"
                 + (f", with {fit.reserve} kept for requests" if fit.reserve else "")
                 + f": {fit.need + fit.reserve} bytes in all, more than the {fit.capacity} "
                 f"{limit}; {fix}, or serve it where more memory is")
