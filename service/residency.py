@@ -306,6 +306,11 @@ class Residency:
         models and held requests up to ``request_timeout_s``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.request_timeout_s
+        # under a limit, a model that alone leaves no room to make its largest session as it
+        # loads never loads (413): nothing is unloaded for it
+        too_large = self.room.never_fits(entry, loading=True)
+        if too_large is not None:
+            raise too_large
         while True:
             others = self.room.loaded()
             together = [*others, entry]
@@ -314,18 +319,14 @@ class Residency:
                 # none is idle, it waits for one: what a load takes on its way (its graphs
                 # read and composed, its sessions made) is counted nowhere else, and a load
                 # beside busy models that leave it no such room was the kernel's kill
-                # (docs/benchmarks.md section 8). Alone without that room under a limit, it
-                # never loads (413); with no limit, it loads (a session not made ahead is
-                # made when a plan first needs it, if memory allows then).
+                # (docs/benchmarks.md section 8). Alone (with no limit: under one it would have
+                # been refused above), it loads: a session not made ahead is made when a plan
+                # first needs it, if memory allows then.
                 making = self.room.fits(together, loading=entry)
                 victim = None if making else self.room.victim(entry)
                 if victim is not None:
                     await self._unload(victim, "memory")
                     continue
-                if not making and not others:
-                    too_large = self.room.never_fits(entry, loading=True)
-                    if too_large is not None:
-                        raise too_large
                 if (making or not others) and self.room.admit(entry):
                     return
             else:

@@ -213,6 +213,45 @@ def test_a_request_that_cannot_wait_long_enough_gets_503_with_retry_after(
     run(main())
 
 
+def test_a_load_that_leaves_no_room_to_make_its_session_waits_for_a_busy_model(
+        make: Callable[..., Settings]) -> None:
+    """b fits beside a, but not with the room making its largest session takes as it loads
+    (what its last load measured, ``ModelEntry.making_bytes``): while a is busy, b's load
+    waits rather than going ahead beside it (section 8's kill), then a goes and b loads. A
+    model that alone leaves no such room is refused 413, not loaded."""
+    app = create_app(make("abc", models_memory_bytes=TWO, cpu_model_threads="per_model"))
+    registry = app.state.registry
+    x = x_()
+
+    async def main() -> None:
+        async with running(app) as client:
+            assert states(app) == {"a": "ready", "b": "ready", "c": "unloaded"}
+            c = registry.entries["c"]
+            c.making_bytes = c.cost().keeps + 4_000_000  # 4 MB to make its session
+            gate = Gate(registry.entries["a"])
+            held = asyncio.create_task(client.post("/v2/models/a/infer", json=v2(x)))
+            await asyncio.wait_for(gate.entered.wait(), 30)
+            waiting = asyncio.create_task(client.post("/v2/models/c/infer", json=v2(x)))
+            # b, idle, goes for c; then c fits beside a, but not with that room
+            await wait_until(lambda: states(app)["b"] == "unloaded", 30)
+            await asyncio.sleep(0.5)
+            assert not waiting.done() and states(app) == {"a": "ready", "b": "unloaded",
+                                                          "c": "unloaded"}  # not loading
+            gate.remove()
+            for task in (held, waiting):
+                r = await task
+                assert r.status_code == 200, r.text
+            assert states(app) == {"a": "unloaded", "b": "unloaded", "c": "ready"}
+            b = registry.entries["b"]
+            b.making_bytes = 3 * TWO  # alone, its load leaves no room to make its session
+            r = await client.post("/v2/models/b/infer", json=v2(x))
+            assert_error(r, 413, "model b", "its load, making its largest session",
+                         "models_memory_bytes")
+            assert states(app) == {"a": "unloaded", "b": "unloaded", "c": "ready"}
+
+    run(main())
+
+
 def test_a_model_that_can_never_fit_is_refused_with_413_naming_the_limit(
         make: Callable[..., Settings]) -> None:
     app = create_app(make(models=[f"small={HEAVY}", f"big={HEAVIER}"], weights=None,
