@@ -306,8 +306,7 @@ class Residency:
         models and held requests up to ``request_timeout_s``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.request_timeout_s
-        # under a limit, a model that alone leaves no room to make its largest session as it
-        # loads never loads (413): nothing is unloaded for it
+        # 413 where, alone, its load would leave no room to make its largest session
         too_large = self.room.never_fits(entry, loading=True)
         if too_large is not None:
             raise too_large
@@ -315,13 +314,10 @@ class Residency:
             others = self.room.loaded()
             together = [*others, entry]
             if self.room.fits(together):
-                # room to make its sessions as it loads, idle models unloaded for it; where
-                # none is idle, it waits for one: what a load takes on its way (its graphs
-                # read and composed, its sessions made) is counted nowhere else, and a load
-                # beside busy models that leave it no such room was the kernel's kill
-                # (docs/benchmarks.md section 8). Alone (with no limit: under one it would have
-                # been refused above), it loads: a session not made ahead is made when a plan
-                # first needs it, if memory allows then.
+                # room to make its sessions as it loads (what its load takes on its way),
+                # idle models unloaded for it; where none is idle it waits: loading beside
+                # busy ones was the kernel's kill (docs/benchmarks.md section 8). Alone with
+                # no limit, it loads (a session is made when a plan needs it, if it can be).
                 making = self.room.fits(together, loading=entry)
                 victim = None if making else self.room.victim(entry)
                 if victim is not None:
@@ -329,10 +325,7 @@ class Residency:
                     continue
                 if (making or not others) and self.room.admit(entry):
                     return
-            else:
-                too_large = self.room.never_fits(entry)
-                if too_large is not None:
-                    raise too_large
+            else:  # (one that can never fit was refused above)
                 victim = self.room.victim(entry)
                 if victim is not None:
                     await self._unload(victim, "memory")
