@@ -132,9 +132,10 @@ def _measure_here(store: PlanStore, served: str, spec: ModelSpec, solver: str, o
     try:
         seen = round(worker.making_seen, 3)
         factor = served_factor(seen)
-        # the runtime's rule is linear in a session's weights: its largest session's need at
-        # the factor served is its need at the bound the load above asked, scaled
-        making = math.ceil(worker.making_bytes * factor / SESSION_GROWTH)
+        # the load above asked SESSION_GROWTH x its largest session's weights (an integer
+        # factor: exact); served, that session asks the factor served x them, as the runtime
+        # computes it
+        making = math.ceil(factor * (worker.making_bytes // SESSION_GROWTH))
         cost = LoadCost(kept_bytes=worker.kept_bytes(), load_s=round(load_s, 3),
                         weights_bytes=model.weights_bytes, held_bytes=worker.held_bytes,
                         making_bytes=making, making_factor=factor, making_seen=seen)

@@ -290,11 +290,11 @@ class OrtSessions:
                 # its making starts with its graph composed (a copy of its weights, the layers'
                 # graphs parsed): the peak is measured from here (where the kernel lets the
                 # process reset its peak)
-                start: int | None = status_bytes("VmRSS")
+                composing: int | None = status_bytes("VmRSS")
                 try:
                     reset_peak()
                 except OSError:
-                    start = None
+                    composing = None
                 try:
                     model = self.graphs.compose(self.nodes(first, last))
                 except CannotCompose as exc:
@@ -307,8 +307,8 @@ class OrtSessions:
                 before = status_bytes("VmRSS")
                 session = self._weights.session(model, session_options(
                     self.threads, spin=self.spin))
-                if start is not None and weights >= SEEN_WEIGHTS:  # below: ONNX Runtime's own
-                    self._seen = max(self._seen, (status_bytes("VmHWM") - start) / weights)
+                if composing is not None and weights >= SEEN_WEIGHTS:  # below: its own rules
+                    self._seen = max(self._seen, (status_bytes("VmHWM") - composing) / weights)
                 # what the process grew by, less the weights it added to the shared ones
                 # (counted once, in held_bytes), and at least its graph, which it copies (the
                 # weights too small to share among them): where it reused pages freed before,
