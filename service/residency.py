@@ -8,14 +8,16 @@ else what `vbs plan` measured a worker without torch keeps of it (``workers.load
 its weights (built on the meta device, ``planner.models.sketch_model``), and its plans' bytes
 from its table. Whether a set of models fits is the device's one owner of memory's
 answer (``DeviceMemory.models``, ``workers.models_memory``); this module only chooses which
-idle model goes first. At start a model's working bytes stand for its one-sample plan, so the
+model goes first. At start a model's working bytes stand for its one-sample plan, so the
 models loaded then run near full speed.
 
 One change at a time: every load and unload runs under one lock, in a task of its own, so a
 request that stops waiting (its timeout) does not stop a load half way. A request pins its
 model from when it is let through until it is answered; a pinned model, or one whose batcher
-has work, is busy and never unloaded to make room; an unloading model lets no request
-through, and one that comes meanwhile waits and loads it again.
+has work, is busy. A load unloads idle models first; a model under steady traffic is never
+idle, so a load that waited ``drain_after_s`` for one drains the least recently used busy
+model instead. An unloading model lets no request through, those let through are answered,
+and one that comes meanwhile waits and loads it again.
 """
 
 from __future__ import annotations
@@ -65,6 +67,12 @@ class Room:
         idle = [e for e in self.entries.values()
                 if e.state == READY and e is not keep and not e.busy]
         return min(idle, key=lambda e: e.last_used) if idle else None
+
+    def drained(self, keep: ModelEntry) -> ModelEntry | None:
+        """The least recently used loaded model that is busy, to drain: no request let
+        through from now, those let through answered, then unloaded (None: no other)."""
+        busy = [e for e in self.entries.values() if e.state == READY and e is not keep]
+        return min(busy, key=lambda e: e.last_used) if busy else None
 
     def fits(self, entries: list[ModelEntry], working: bool = False,
              loading: ModelEntry | None = None) -> bool:
@@ -301,36 +309,35 @@ class Residency:
 
     async def _make_room(self, entry: ModelEntry) -> None:
         """Unload idle models, the least recently used first, until ``entry`` fits beside
-        the rest, and a place for its load in the memory owner's ledger of what requests
-        hold (under a cgroup limit: what they hold now must leave it room); wait for busy
-        models and held requests up to ``request_timeout_s``."""
+        the rest with room to make its sessions as it loads, and a place for its load in the
+        memory owner's ledger of what requests hold; where every other model is busy, wait,
+        and after ``drain_after_s`` drain the least recently used busy one; 503 after
+        ``request_timeout_s``."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.request_timeout_s
+        started = loop.time()
+        drain_at = started + min(self.settings.drain_after_s, self.settings.request_timeout_s / 2)
         # 413 where, alone, its load would leave no room to make its largest session
         too_large = self.room.never_fits(entry, loading=True)
         if too_large is not None:
             raise too_large
         while True:
-            others = self.room.loaded()
-            together = [*others, entry]
-            if self.room.fits(together):
-                # room to make its sessions as it loads (what its load takes on its way),
-                # idle models unloaded for it; where none is idle it waits: loading beside
-                # busy ones was the kernel's kill (docs/benchmarks.md section 8). Alone with
-                # no limit, it loads (a session is made when a plan needs it, if it can be).
-                making = self.room.fits(together, loading=entry)
-                victim = None if making else self.room.victim(entry)
-                if victim is not None:
-                    await self._unload(victim, "memory")
-                    continue
-                if (making or not others) and self.room.admit(entry):
+            together = [*self.room.loaded(), entry]
+            # room to make its sessions as it loads (loading beside busy models without it
+            # was the kernel's kill, docs/benchmarks.md section 8); alone with no limit, it
+            # loads (a session is made when a plan needs it, if it can be)
+            if self.room.fits(together, loading=entry) or (
+                    len(together) == 1 and self.room.fits(together)):
+                if self.room.admit(entry):
                     return
             else:  # (one that can never fit was refused above)
-                victim = self.room.victim(entry)
+                # a hot model is never idle: only waiting for one starved the models it
+                # would replace (section 8, round 6), so after a while the coldest busy goes
+                victim = self.room.victim(entry) or (
+                    self.room.drained(entry) if loop.time() >= drain_at else None)
                 if victim is not None:
                     await self._unload(victim, "memory")
                     continue
-            remaining = deadline - loop.time()
+            remaining = started + self.settings.request_timeout_s - loop.time()
             if remaining <= 0:
                 busy = ", ".join(e.name for e in self.room.loaded()) or "requests held"
                 raise UnavailableError(
@@ -360,7 +367,7 @@ class Residency:
         entry.state = UNLOADING
         self._notify()
         try:
-            while entry.pins:  # only through the repository API: pinned models are busy
+            while entry.pins:  # drained, or through the repository API
                 await self._wait_change(POLL_S)
             if entry.batcher is not None:
                 await entry.batcher.close(self.settings.request_timeout_s)

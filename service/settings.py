@@ -113,6 +113,12 @@ class Settings(PlannerSettings):
                     "buffer) and their plans; models load on demand within it, the least "
                     "recently used idle one unloaded for another (0: the device's own bound: "
                     "the cgroup limit, the GPU's or the host's free memory)")
+    drain_after_s: float = Field(
+        default=2.0, gt=0, le=3600,
+        description="with more models than fit, how long a load waits for an idle model to "
+                    "unload before it drains the least recently used busy one (no request let "
+                    "through, those let through answered; a model under steady traffic is never "
+                    "idle); at most half of request_timeout_s")
     admit_wait_s: float | None = Field(
         default=None, ge=0, le=3600,
         description="under a memory limit, how long a request waits in line, its body unread, "

@@ -159,7 +159,8 @@ def test_a_request_loads_its_model_and_the_least_recently_used_idle_one_goes(
 def test_a_busy_model_is_not_unloaded_the_request_waits_for_it(
         make: Callable[..., Settings]) -> None:
     # each model on its own torch thread: a batch held in a does not hold b's load
-    app = create_app(make("ab", models_memory_bytes=ONE, cpu_model_threads="per_model"))
+    app = create_app(make("ab", models_memory_bytes=ONE, cpu_model_threads="per_model",
+                          drain_after_s=60))  # (draining a: the next test)
     registry = app.state.registry
     x = x_()
 
@@ -178,6 +179,45 @@ def test_a_busy_model_is_not_unloaded_the_request_waits_for_it(
                 assert r.status_code == 200, r.text
             assert r.json()["parameters"]["load_wait_s"] >= 0.5
             assert states(app) == {"a": "unloaded", "b": "ready"}
+
+    run(main())
+
+
+def test_a_load_that_waited_for_an_idle_model_drains_the_least_recently_used_busy_one(
+        make: Callable[..., Settings], weights: Path) -> None:
+    """Under steady traffic a model is never idle: a load that only waited for an idle one
+    starved (section 8, round 6). After ``drain_after_s`` the coldest busy model is drained:
+    no request let through from then (one that comes waits and loads it again), the one let
+    through answered, then unloaded; every request answered with ``model(x)``."""
+    app = create_app(make("abc", models_memory_bytes=TWO, cpu_model_threads="per_model",
+                          drain_after_s=0.2))
+    registry = app.state.registry
+    x = x_(seed=2)
+    want = expected(weights, x)
+
+    async def main() -> None:
+        async with running(app) as client:
+            assert states(app) == {"a": "ready", "b": "ready", "c": "unloaded"}
+            gates = [Gate(registry.entries[n]) for n in "ba"]  # b used first: the colder
+            held = []
+            for gate, name in zip(gates, "ba"):
+                held.append(asyncio.create_task(client.post(f"/v2/models/{name}/infer",
+                                                            json=v2(x))))
+                await asyncio.wait_for(gate.entered.wait(), 30)
+            waiting = asyncio.create_task(client.post("/v2/models/c/infer", json=v2(x)))
+            await wait_until(lambda: states(app)["b"] == "unloading", 30)
+            assert states(app)["a"] == "ready"  # the more recently used stays
+            again = asyncio.create_task(client.post("/v2/models/b/infer", json=v2(x)))
+            await asyncio.sleep(0.3)
+            assert not waiting.done() and not again.done()  # b lets nothing new through
+            for gate in gates:
+                gate.remove()
+            for task in (*held, waiting, again):
+                r = await task
+                assert r.status_code == 200, r.text
+                body = r.json()
+                assert_close(np.asarray(body["outputs"][0]["data"]).reshape(want.shape), want)
+            assert metric(app, "vbs_model_unloads_total", model="b", reason="memory") >= 1
 
     run(main())
 
@@ -219,7 +259,8 @@ def test_a_load_that_leaves_no_room_to_make_its_session_waits_for_a_busy_model(
     (what its last load measured, ``ModelEntry.making_bytes``): while a is busy, b's load
     waits rather than going ahead beside it (section 8's kill), then a goes and b loads. A
     model that alone leaves no such room is refused 413, not loaded."""
-    app = create_app(make("abc", models_memory_bytes=TWO, cpu_model_threads="per_model"))
+    app = create_app(make("abc", models_memory_bytes=TWO, cpu_model_threads="per_model",
+                          drain_after_s=60))
     registry = app.state.registry
     x = x_()
 
