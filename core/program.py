@@ -137,6 +137,8 @@ class Plan:
     peak_bytes: int      # exact bytes the executor allocates running it (the walk's figure)
     splits: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (step, sizes): outputs split at once
     runs: tuple[tuple[int, int], ...] = ()  # (first step, last step): one runtime call each
+    # median seconds `vbs plan` measured it to take in the executor (None: not measured)
+    time_measured: float | None = None
 
     @property
     def time_per_sample(self) -> float:
@@ -174,6 +176,8 @@ class Plan:
                 "time_per_sample": self.time_per_sample, "cost": self.cost,
                 "peak_bytes": self.modelled_bytes, "executor_peak_bytes": self.peak_bytes,
                 "plan_id": self.plan_id,
+                **({"time_measured": self.time_measured} if self.time_measured is not None
+                   else {}),
                 "program": self.program.to_json(),
                 **({"runs": [list(r) for r in self.runs], "calls": self.calls}
                    if self.runs else {})}

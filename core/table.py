@@ -56,6 +56,9 @@ class TablePlan:
     unit_peaks: np.ndarray  # int64 per table unit: the most held while a step of it ran
     runtimes: np.ndarray | None = None  # int8 per step: index into PlanTable.runtimes
     runs: tuple[tuple[int, int], ...] = ()  # (first step, last step): one runtime call each
+    # median seconds `vbs plan` measured it to take in the executor, beside the prediction
+    # ``time_total`` (None: not measured; ``workers.plan_selection``)
+    time_measured: float | None = None
 
     def runtime_names(self, names: tuple[str, ...]) -> tuple[str, ...]:
         """Each step's runtime ('' everywhere when the table names none)."""
@@ -168,7 +171,8 @@ class PlanTable:
         return Plan(solver=self.solver, objective=self.objective, batch=r, budget_bytes=budget,
                     slot_bytes=self.slot_bytes, program=self.program(index), cost=tp.cost,
                     time_total=tp.time_total, modelled_bytes=tp.modelled_bytes,
-                    peak_bytes=tp.peak_bytes, splits=tp.splits, runs=tp.runs)
+                    peak_bytes=tp.peak_bytes, splits=tp.splits, runs=tp.runs,
+                    time_measured=tp.time_measured)
 
     def lookup(self, r: int, free_bytes: int) -> Plan:
         """The best plan of r samples that fits in ``free_bytes``, or InfeasibleError."""
@@ -226,7 +230,9 @@ class PlanTable:
                        "unit_peaks": p.unit_peaks.tolist(),
                        **({"step_runtimes": p.runtimes.tolist()} if p.runtimes is not None
                           else {}),
-                       **({"runs": [list(r) for r in p.runs]} if p.runs else {})}
+                       **({"runs": [list(r) for r in p.runs]} if p.runs else {}),
+                       **({"measured": p.time_measured} if p.time_measured is not None
+                          else {})}
                       for p in self.plans],
             "rows": [{"r": r + 1, "peaks": row.peaks.tolist(), "plans": row.plans.tolist()}
                      for r, row in enumerate(self.rows)],
@@ -319,9 +325,13 @@ def _plan_from_json(p: Any, n_units: int, n_runtimes: int) -> TablePlan:
             any(not 0 <= a <= b < len(steps) for a, b in runs) or \
             any(b1 >= a2 for (_, b1), (a2, _) in zip(runs, runs[1:])):
         raise ValueError(f"plan {p.get('id')!r}: runs must be ordered, disjoint [first, last] steps")
+    measured = p.get("measured")
+    if measured is not None and not (isinstance(measured, (int, float)) and measured > 0):
+        raise ValueError(f"plan {p.get('id')!r}: measured must be seconds > 0")
     return TablePlan(str(p["id"]), steps[:, 0].astype(np.int32), steps[:, 1].astype(np.int32),
                      float(p["cost"]), float(p["time"]), int(p["peak"]), int(p["model_peak"]),
-                     splits, unit_peaks, runtimes, runs)
+                     splits, unit_peaks, runtimes, runs,
+                     float(measured) if measured is not None else None)
 
 
 def _check(table: PlanTable) -> str:

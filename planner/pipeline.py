@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from core import runtimes
@@ -38,6 +39,9 @@ __all__ = ["COMPARED", "Captured", "Prepared", "capture_model", "model_key", "op
            "prepare", "publish", "read", "read_prepared", "strategies"]
 
 log = logging.getLogger("vbs.plan")
+
+# chooses a model's solved tables by running their plans: (capture, tables, served solver)
+Select = Callable[[Capture, dict[str, PlanTable], str], dict[str, PlanTable]]
 
 
 @dataclass(frozen=True)
@@ -106,13 +110,15 @@ def prepare(spec: ModelSpec, settings: Settings, store: PlanStore, *, batch_max:
             solver: str = "vbs", objective: str = "time", grid: bool | None = None,
             replan: bool = False, repair: bool = True, progress: bool = True,
             compile: bool = False, served: str | None = None,
-            model: Captured | None = None) -> Prepared:
+            model: Captured | None = None, select: Select | None = None) -> Prepared:
     """Capture a model and get its tables: from the store, or profiled, solved and published.
 
     ``repair``: a stored table that cannot be read is planned again (else TableFormatError).
     ``compile``: the model's units are also stored for workers without torch
     (``planner.compile``), under the alias of ``served`` (default the model's name).
-    ``model``: the model captured already (``capture_model``, with these settings)."""
+    ``model``: the model captured already (``capture_model``, with these settings).
+    ``select``: what chooses the solved tables by running their plans before they are
+    published (``workers.plan_selection.selected``; the planner only solves)."""
     if model is None:
         model = capture_model(spec, settings, batch_max=batch_max, grid=grid)
     cap, options, fp = model.capture, model.options, model.fingerprint
@@ -130,24 +136,29 @@ def prepare(spec: ModelSpec, settings: Settings, store: PlanStore, *, batch_max:
     tables = build_tables(profile, wanted, objective=objective,
                           slot_bytes=settings.slot_bytes or None, slot_count=settings.slot_count)
     solve_s = time.perf_counter() - t0
+    if select is not None:
+        tables = select(cap, tables, solver)
     publish(store, spec, profile, tables, {"solve_s": round(solve_s, 3), "profile_cached": hit})
     log.info("%s: %d tables of %s solved in %.2f s and published", spec.name, len(tables), fp,
              solve_s)
     prepared = Prepared(cap, profile, tables, solver, published=True)
     if compile:
-        compile_served(store, model, prepared, settings, objective, served, replan=True)
+        compile_served(store, model, prepared, settings, objective, served, replan=True,
+                       select=select)
     return prepared
 
 
 def compile_served(store: PlanStore, model: Captured, prepared: Prepared, settings: Settings,
-                   objective: str, served: str | None, *, replan: bool = False) -> str | None:
+                   objective: str, served: str | None, *, replan: bool = False,
+                   select: Select | None = None) -> str | None:
     """What a worker without torch serves, stored: the compiled units and tables it can run
     (their id, or None where the model has no compiled form). Where the served table runs some
     step on torch (``--runtime auto``: torch was a little faster there), those are the tables
     ``--runtime onnxruntime`` gets, chosen again from the same measurements
     (``chosen_again``: nothing is measured again) and stored under that fingerprint, which
     the compiled model names; the model's own key keeps pointing at the served profile's.
-    ``replan``: those tables are solved again (the profile was measured or solved now)."""
+    ``replan``: those tables are solved again (the profile was measured or solved now);
+    ``select``: as ``prepare``'s, for them too."""
     cap, fp = model.capture, model.fingerprint
     measured = model.options.runtimes_on(cap.model.device)
     why_not_compiled = compilable(cap)  # '' where it has a compiled form
@@ -162,6 +173,8 @@ def compile_served(store: PlanStore, model: Captured, prepared: Prepared, settin
             tables = build_tables(profile, wanted, objective=objective,
                                   slot_bytes=settings.slot_bytes or None,
                                   slot_count=settings.slot_count)
+            if select is not None:
+                tables = select(cap, tables, prepared.solver)
             publish(store, cap.model.spec, profile, tables,
                     {"solve_s": round(time.perf_counter() - t0, 3), "chosen_from":
                      prepared.fingerprint}, aliased=False)

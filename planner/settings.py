@@ -72,6 +72,12 @@ class Settings(BaseSettings):
     slot_bytes: int = Field(default=0, ge=0, description="bytes per slot; 0 = derived from slot_count")
     profile_repeats: int = Field(default=5, ge=1, le=1000, description="timed runs per (unit, batch)")
     profile_warmup: int = Field(default=2, ge=0, le=1000, description="untimed runs before timing")
+    select_rounds: int = Field(
+        default=3, ge=0, le=100,
+        description="`vbs plan`: rounds that every plan of the served table and every uniform "
+                    "plan run in the executor, interleaved; a per-unit plan is kept only where "
+                    "it measured faster than the uniform batch at its budget (0: no "
+                    "measurement, the tables as solved)")
     profile_grid: bool = Field(default=False, description="profile a grid of batch sizes and "
                                                           "interpolate (part of the fingerprint)")
     threads: int = Field(default=0, ge=0, description="torch intra-op threads on CPU; 0 = torch's default")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from core.errors import InfeasibleError
-from planner.solver.compare import BASELINE, STRATEGIES
+from planner.solver.compare import BASELINE, STRATEGIES, speedup
 from core.table import PlanTable
 from planner.view.data import plan_description
 from service.entry import ModelEntry
@@ -44,9 +44,10 @@ def _answer(entry: ModelEntry, table: PlanTable, r: int, budget: int, program: b
 
 
 def _gain(ours: dict[str, Any], other: dict[str, Any]) -> float | None:
-    if not (ours["feasible"] and other["feasible"]) or ours["time_total_s"] <= 0:
+    if not (ours["feasible"] and other["feasible"]):
         return None
-    return other["time_total_s"] / ours["time_total_s"]
+    return speedup((ours["time_total_s"], ours["measured_time_total_s"]),
+                   (other["time_total_s"], other["measured_time_total_s"]))
 
 
 def explain(entry: ModelEntry, r: int, budget: int, *, program: bool = False) -> dict[str, Any]:

@@ -263,6 +263,7 @@ def plan_json(choice: Any) -> dict[str, Any]:
             "plan_id": choice.plan_id, "solver": choice.table.solver,
             "predicted_time_s": choice.time_total,
             "predicted_time_per_sample_s": choice.time_total / choice.batch,
+            "measured_time_s": choice.entry.time_measured,  # by `vbs plan` (None: not run)
             "choice_s": choice.seconds, "lease_wait_s": choice.waited_s,
             "stepped_down": choice.stepped_down}
 

@@ -19,6 +19,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from planner.solver.compare import STRATEGIES, budget_range
     from core.sizes import parse_budgets
     from planner.solver.tables import build_tables
+    from workers.plan_selection import selected
     from workers.plans_measured import render, run_bench, write_outputs
 
     settings = settings_from(args)
@@ -29,6 +30,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     log("building the tables of " + ", ".join(STRATEGIES))
     tables = build_tables(profile, STRATEGIES, slot_bytes=settings.slot_bytes or None,
                           slot_count=settings.slot_count)
+    if settings.select_rounds:  # vbs's row chosen by measurement, as `vbs plan` chooses it
+        log(f"measuring vbs's and fbs-best's plans of {args.batch} samples "
+            f"({settings.select_rounds} rounds), as `vbs plan` does before it publishes")
+        tables = selected(cap, tables, "vbs", settings.select_rounds, sizes=(args.batch,))
     low, high = budget_range(tables, args.batch)
     budgets = parse_budgets(args.memory, low, high)
     rows, summary, plans = run_bench(cap, profile, tables, args.batch, budgets, args.repeat, log=log)
@@ -53,6 +58,9 @@ def add_parser(sub: Any) -> None:
                         "to where fbs runs the request at once, denser at the bottom)")
     p.add_argument("--batch-max", type=positive_int, help="profile up to this batch (default: --batch)")
     p.add_argument("--repeat", type=positive_int, default=5, help="interleaved rounds (default 5)")
+    p.add_argument("--select-rounds", type=int, metavar="N",
+                   help="rounds vbs's plans run against fbs-best's before the bench, as `vbs "
+                        "plan` chooses them (0: the table as solved; default: VBS_SELECT_ROUNDS, 3)")
     p.add_argument("--out", help="write CSV, JSON and PNG plots here")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.set_defaults(func=cmd_bench)

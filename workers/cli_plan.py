@@ -34,7 +34,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                solver=args.solver or settings.solver,
                                objective=args.objective or settings.objective,
                                grid=args.grid or None, replan=args.replan,
-                               progress=not args.quiet, compile=True, served=served)
+                               progress=not args.quiet, compile=True, served=served,
+                               select=_select(settings.select_rounds))
             table = prepared.table
             how = "solved and published" if prepared.published else "already in the store"
             others = ", ".join(f"{s} {len(t.plans)}" for s, t in prepared.tables.items()
@@ -49,6 +50,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     finally:
         store.close()
     return 0
+
+
+def _select(rounds: int) -> Any:
+    """The tables' measured selection (``workers.plan_selection``) over ``rounds`` rounds."""
+    from workers.plan_selection import selected
+
+    return lambda capture, tables, solver: selected(capture, tables, solver, rounds)
 
 
 def _load_line(store: Any, location: str, served: str, spec: Any, table: Any,
@@ -101,4 +109,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--grid", action="store_true",
                    help="profile a grid of batch sizes and interpolate (default: VBS_PROFILE_GRID)")
     p.add_argument("--replan", action="store_true", help="solve again even if the store has the table")
+    p.add_argument("--select-rounds", type=int, metavar="N",
+                   help="rounds every plan runs in the executor against the uniform batch "
+                        "before the tables are published; a per-unit plan is kept only where it "
+                        "measured faster (0: none; default: VBS_SELECT_ROUNDS, 3)")
     p.set_defaults(func=cmd_plan)

@@ -28,7 +28,6 @@ import csv
 import json
 import random
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -49,6 +48,7 @@ from core.runs import plan_shape
 from core.table import PlanTable
 from core.tree import Profile, iter_layers
 from workers.executor import execute
+from workers.plan_selection import timed
 
 
 @dataclass
@@ -63,6 +63,7 @@ class Row:
     time_per_sample_measured: float | None = None
     time_per_sample_spread: float | None = None  # (max - min) / median of the repeats
     time_per_sample_predicted: float | None = None
+    time_per_sample_table: float | None = None  # what `vbs plan` measured (the selection's)
     peak_bytes_measured: int | None = None
     peak_bytes_predicted: int | None = None  # the executor's walk, recomputed: what torch sees
     peak_bytes_claimed: int | None = None    # the table's figure for the plan that ran
@@ -96,17 +97,6 @@ def _peak_runner(device: torch.device) -> Callable[[list[tuple[str, Callable[[],
         from planner.profiling.measure import cpu_peaks
         return cpu_peaks([(label, lambda _, j=job: j(), lambda: None) for label, job in jobs])
     return cpu
-
-
-def _time(device: torch.device, fn: Callable[[], Any]) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    y = fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    del y
-    return time.perf_counter() - t0
 
 
 def run_bench(capture: Capture, profile: Profile, tables: dict[str, PlanTable], r: int,
@@ -143,10 +133,10 @@ def run_bench(capture: Capture, profile: Profile, tables: dict[str, PlanTable], 
         log(f"round {k + 1}/{repeat}")
         shuffle(order)
         for row, plan in order:
-            samples[id(row)].append(_time(device, job(plan)) / r)
+            samples[id(row)].append(timed(device, job(plan)) / r)
         with torch.inference_mode():
-            plain_times.append(_time(device, lambda: model.module(x)) / r)
-        uniform_times.append(_time(device, job(uniform)) / r)
+            plain_times.append(timed(device, lambda: model.module(x)) / r)
+        uniform_times.append(timed(device, job(uniform)) / r)
     peaks = _peak_runner(device)([(str(i), job(p)) for i, (_, p) in enumerate(configs)])
     for i, (row, _) in enumerate(configs):
         ts = samples[id(row)]
@@ -186,6 +176,8 @@ def _look_up(profile: Profile, tables: dict[str, PlanTable], r: int, budgets: li
             if strategy in ("fbs", BASELINE):
                 row.uniform_batch = plan.program.steps[0].samples
             row.time_per_sample_predicted = plan.time_per_sample
+            if plan.time_measured is not None:
+                row.time_per_sample_table = plan.time_measured / r
             row.peak_bytes_claimed = plan.peak_bytes
             row.peak_bytes_model = plan.modelled_bytes
             row.peak_bytes_predicted = executor_peak(profile.root, plan.program.steps, r,
@@ -217,6 +209,12 @@ def _summary(name: str, r: int, device: torch.device, repeat: int, done: list[Ro
         "uniform_plan_time_per_sample": statistics.median(uniform_times),
         "executor_overhead": statistics.median(uniform_times) / statistics.median(plain_times) - 1,
         "time_mape": _mape([(r.time_per_sample_predicted, r.time_per_sample_measured) for r in done]),
+        # of the plans a worker runs (vbs, fbs-best): the prediction, and the table's time
+        # where the selection measured it (before the bench, in its own rounds)
+        "served_time_mape": _mape([(r.time_per_sample_predicted, r.time_per_sample_measured)
+                                   for r in done if r.strategy in ("vbs", BASELINE)]),
+        "table_time_mape": _mape([(r.time_per_sample_table, r.time_per_sample_measured)
+                                  for r in done if r.time_per_sample_table is not None]),
         # against what the walk says torch allocates: the claim itself where every step runs on
         # torch; where steps run on ONNX Runtime the claim adds what it holds inside its calls,
         # which no torch counter sees (tests/core/test_runtimes.py checks that against RSS)
@@ -270,6 +268,8 @@ def render(rows: list[Row], summary: dict[str, Any]) -> str:
                  f"calls, = measured in {summary['claimed_equals_measured']}; the DP's model "
                  f"{summary['model_peak_mape']:.1f}%); runs over budget: {summary['budget_exceeded']}"
                  if tm is not None else "no runs")
+    if tm is not None and _served_mapes(summary):
+        lines.append(f"time MAPE of the plans a worker runs:{_served_mapes(summary)}")
     return "\n".join(lines)
 
 
@@ -360,7 +360,8 @@ def markdown(data: dict[str, Any]) -> str:
                    f" | {gain('gain_over_fbs_best')} | {gain('gain_over_fbs')} | {peak} |")
     out += ["", f"Plain `model(x)` {s['plain_model_time_per_sample'] * 1e3:.1f} ms/sample; the executor "
             f"at a uniform batch of {s['batch']} {s['uniform_plan_time_per_sample'] * 1e3:.1f} ms/sample "
-            f"({100 * s['executor_overhead']:+.1f}%). MAPE of predicted time {s['time_mape']:.1f}%; "
+            f"({100 * s['executor_overhead']:+.1f}%). MAPE of predicted time {s['time_mape']:.1f}%"
+            f"{_served_mapes(s)}; "
             f"peak measured = the walk's figure for what torch allocates in "
             f"{s['predicted_equals_measured']} of {s['runs']} runs (MAPE {s['peak_mape']:.2f}%; the "
             f"claim, which adds what ONNX Runtime holds inside its calls, = measured in "
@@ -369,6 +370,17 @@ def markdown(data: dict[str, Any]) -> str:
     if shapes:
         out += ["The vbs plans (what each call runs, first..last unit: batch sizes):", "", *shapes, ""]
     return "\n".join(out)
+
+
+def _served_mapes(s: dict[str, Any]) -> str:
+    """The MAPEs of the plans a worker runs, where the run recorded them."""
+    parts = []
+    if s.get("served_time_mape") is not None:
+        parts.append(f"vbs and fbs-best {s['served_time_mape']:.1f}%")
+    if s.get("table_time_mape") is not None:
+        parts.append(f"the time `vbs plan` measured (the table's) against the bench's "
+                     f"{s['table_time_mape']:.1f}%")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 if __name__ == "__main__":  # python -m workers.plans_measured FILE.json ...: the Markdown of saved runs

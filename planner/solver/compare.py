@@ -27,6 +27,15 @@ STRATEGIES = ("vbs", "paper", "greedy", "fbs", "fbs-best")
 BASELINE = "fbs-best"
 
 
+def speedup(ours: tuple[float, float | None], other: tuple[float, float | None]
+            ) -> float | None:
+    """How many times faster ours is than other, each (predicted, measured) seconds: as `vbs
+    plan` measured both where it ran both (in the same rounds), else as predicted."""
+    i = 1 if ours[1] is not None and other[1] is not None else 0
+    a, b = ours[i], other[i]
+    return b / a if a is not None and b is not None and a > 0 else None
+
+
 @dataclass(frozen=True)
 class UnitUse:
     """One unit of a plan: the batch size of each of its steps, the most held meanwhile, and
@@ -76,10 +85,10 @@ class Comparison:
         solvers = {o.solver for o in self.outcomes}
         if solver not in solvers or over not in solvers:
             return None
-        a, b = self.outcome(solver), self.outcome(over)
-        if not (a.plan and b.plan) or a.plan.time_total <= 0:
+        a, b = self.outcome(solver).plan, self.outcome(over).plan
+        if not (a and b):
             return None
-        return b.plan.time_total / a.plan.time_total
+        return speedup((a.time_total, a.time_measured), (b.time_total, b.time_measured))
 
 
 def unit_uses(table: PlanTable, index: int) -> tuple[UnitUse, ...]:
@@ -148,18 +157,21 @@ SHORT = {"onnxruntime": "ort", "cudagraph": "graph", "torch": "torch"}
 
 
 def render(cmp: Comparison, title: str = "", detail: tuple[str, ...] = ("vbs", BASELINE)) -> str:
-    """The comparison as text: a summary per strategy (with the calls its runs make), then per
+    """The comparison as text: a summary per strategy (predicted time per sample, and what `vbs
+    plan` measured where it ran the plan; the calls its runs make), then per
     unit (Table III): its phases, the memory left unused, and its runtime."""
     lines = [f"{title}  r={cmp.batch}  budget {format_bytes(cmp.budget)}".strip()]
-    lines.append(f"{'strategy':9} {'time/sample':>12} {'samples/s':>10} {'peak':>11}  "
-                 f"{'vbs gain':>8}  plan")
+    lines.append(f"{'strategy':9} {'time/sample':>12} {'measured':>12} {'samples/s':>10} "
+                 f"{'peak':>11}  {'vbs gain':>8}  plan")
     for o in cmp.outcomes:
         if not o.plan:
             lines.append(f"{o.solver:9} {'infeasible':>12}  {o.reason}")
             continue
         gain = cmp.gain("vbs", o.solver)
         runs = f" ({len(o.plan.runs)} runtime calls)" if o.plan.runs else ""
-        lines.append(f"{o.solver:9} {o.plan.time_per_sample * 1e3:>9.3f} ms "
+        measured = (f"{o.plan.time_measured / o.plan.batch * 1e3:>9.3f} ms"
+                    if o.plan.time_measured is not None else f"{'-':>12}")
+        lines.append(f"{o.solver:9} {o.plan.time_per_sample * 1e3:>9.3f} ms {measured} "
                      f"{1 / o.plan.time_per_sample:>10.1f} "
                      f"{format_bytes(o.plan.peak_bytes):>11}  "
                      f"{(f'{gain:.2f}x' if gain else '-'):>8}  {o.plan.plan_id}{runs}")

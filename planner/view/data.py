@@ -22,11 +22,15 @@ BOOK_SCHEMA = "vbs.view/1"
 
 
 def plan_description(table: PlanTable, index: int, r: int) -> dict[str, Any]:
-    """The budget-free part of plan ``index`` of ``r`` samples: id, predicted time, peaks and,
+    """The budget-free part of plan ``index`` of ``r`` samples: id, predicted time (and what
+    `vbs plan` measured it to take, where it ran it), peaks and,
     per unit in the order units first run, the batch size of each phase and the most held."""
     tp = table.plans[index]
+    measured = tp.time_measured  # `vbs plan` ran it (None: not measured)
     return {"plan_id": tp.plan_id, "time_total_s": tp.time_total,
             "time_per_sample_s": tp.time_total / r,
+            "measured_time_total_s": measured,
+            "measured_time_per_sample_s": measured / r if measured is not None else None,
             "throughput_per_s": r / tp.time_total if tp.time_total > 0 else None,
             "peak_bytes": tp.peak_bytes, "model_peak_bytes": tp.modelled_bytes,
             "calls": len(tp.runs) or None,  # runtime calls its runs make (None: torch alone)

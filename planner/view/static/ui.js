@@ -45,6 +45,16 @@
     return `${(s * 1e6).toFixed(1)} µs`;
   }
 
+  /* How many times faster ours is: as `vbs plan` measured both where it ran both, else as
+     predicted (planner.solver.compare.speedup, which /plan answers with). */
+  function speedup(ours, other) {
+    if (!(ours.feasible && other.feasible)) return null;
+    const measured = ours.measured_time_total_s != null && other.measured_time_total_s != null;
+    const a = measured ? ours.measured_time_total_s : ours.time_total_s;
+    const b = measured ? other.measured_time_total_s : other.time_total_s;
+    return a > 0 ? b / a : null;
+  }
+
   function fmtClock(unix) {
     return unix ? new Date(unix * 1000).toLocaleString() : '-';
   }
@@ -244,6 +254,8 @@
       return {
         feasible: true, solver: s, plan_id: p.plan_id, time_total_s: p.time_total_s,
         time_per_sample_s: p.time_per_sample_s, throughput_per_s: p.throughput_per_s,
+        measured_time_total_s: p.measured_time_total_s ?? null,
+        measured_time_per_sample_s: p.measured_time_per_sample_s ?? null,
         peak_bytes: p.peak_bytes, model_peak_bytes: p.model_peak_bytes, calls: p.calls,
         shape: p.shape,
         breakpoint_bytes: p.peak_bytes, unused_bytes: budget - p.peak_bytes,
@@ -263,8 +275,7 @@
         if (s === served) continue;
         const other = this.answer(b, s, r, budget);
         out[s] = other;
-        out.gain[s] = ours.feasible && other.feasible && ours.time_total_s > 0
-          ? other.time_total_s / ours.time_total_s : null;
+        out.gain[s] = speedup(ours, other);
       }
       return out;
     }
@@ -499,15 +510,19 @@
         return el('tr', {'data-strategy': s},
           el('td', {}, el('span', {class: 'swatch', style: `border-color:${COLORS[s] || '#333'}`}), s),
           el('td', {'data-role': 'time', text: o.feasible ? fmtSeconds(o.time_per_sample_s) : 'does not fit'}),
+          el('td', {'data-role': 'measured',
+                    text: o.feasible && o.measured_time_per_sample_s != null
+                      ? fmtSeconds(o.measured_time_per_sample_s) : '-'}),
           el('td', {text: o.feasible && o.throughput_per_s ? o.throughput_per_s.toFixed(1) : '-'}),
           el('td', {text: o.feasible ? fmtBytes(o.peak_bytes) : `needs ${fmtBytes(o.needs_bytes)}`}),
           el('td', {'data-role': 'plan-id', text: o.feasible ? o.plan_id : '-'}),
           el('td', {text: gain ? `${gain.toFixed(2)}×` : '-'}));
       });
       const table = el('table', {class: 'strategies'},
-        el('caption', {class: 'note', text: 'Every strategy at this budget (predicted from the profile)'}),
+        el('caption', {class: 'note', text: 'Every strategy at this budget: predicted from the ' +
+                       'profile, and measured where `vbs plan` ran the plan (gains measured where both were)'}),
         el('thead', {}, el('tr', {},
-          ...['strategy', 'time per sample', 'samples/s', 'allocates', 'plan', `${served} gain`]
+          ...['strategy', 'time per sample', 'measured', 'samples/s', 'allocates', 'plan', `${served} gain`]
             .map(t => el('th', {scope: 'col', text: t})))),
         el('tbody', {}, ...rows));
       this.summary.replaceChildren(headline, table);

@@ -1,0 +1,117 @@
+"""Measured selection (``planner.solver.selection``): a per-unit plan that measured slower than
+the uniform batch at its budget gives way to it, one that measured faster beyond the margin
+and the spread stays; at every budget the row's plan measured at least as fast as fbs-best's
+there; the table keeps every plan's measured time beside its prediction, through its bytes.
+The times are given (the rule alone); tests/workers/test_plan_selection.py runs the plans."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from core.errors import InfeasibleError, UsageError
+from core.table import PlanTable
+from planner.solver.selection import MARGIN, select, to_measure, wins
+from planner.solver.synthetic import googlenet_like
+from planner.solver.tables import build_tables
+
+PROFILE = googlenet_like(6, seed=7)
+
+
+@pytest.fixture(scope="module")
+def tables() -> dict[str, PlanTable]:
+    return build_tables(PROFILE, ("vbs", "fbs-best"), slot_count=96)
+
+
+def measured(tables: dict[str, PlanTable], per_unit: float) -> dict[str, list[float]]:
+    """Three rounds of every plan to measure: the prediction, times ``per_unit`` for a plan
+    that is not uniform, 1% apart."""
+    vbs, uniform = tables["vbs"], tables["fbs-best"]
+    ids = {p.plan_id for p in uniform.plans}
+    out = {}
+    for r in range(1, vbs.batch_max + 1):
+        for t, i in to_measure(vbs, uniform, r):
+            tp = t.plans[i]
+            base = tp.time_total * (1.0 if tp.plan_id in ids else per_unit)
+            out[tp.plan_id] = [base * 0.99, base, base * 1.01]
+    return out
+
+
+def budgets(table: PlanTable, r: int) -> list[int]:
+    points = {int(b) for b in table.row(r).peaks}
+    return sorted({p + d for p in points for d in (-1, 0, 1)})
+
+
+def median_at(table: PlanTable, r: int, budget: int, seconds: dict[str, list[float]]) -> float:
+    return statistics.median(seconds[table.lookup(r, budget).plan_id])
+
+
+def test_per_unit_plans_that_measure_slower_give_way_to_the_uniform_batch(tables):
+    vbs, uniform = tables["vbs"], tables["fbs-best"]
+    assert {p.plan_id for p in vbs.plans} - {p.plan_id for p in uniform.plans}  # some per-unit
+    seconds = measured(tables, per_unit=10.0)  # (predicted gains are large here)
+    done = select(vbs, uniform, seconds)
+    assert done.replaced > 0 and done.kept == 0
+    assert {p.plan_id for p in done.table.plans} <= {p.plan_id for p in uniform.plans}
+    for r in range(1, vbs.batch_max + 1):
+        assert done.table.min_peaks[r - 1] <= vbs.min_peaks[r - 1]  # no budget lost
+        for b in budgets(uniform, r):
+            try:
+                want = median_at(uniform, r, b, seconds)
+            except InfeasibleError:
+                continue
+            assert median_at(done.table, r, b, seconds) <= want
+
+
+def test_per_unit_plans_that_measure_faster_are_kept_and_never_slower_than_uniform(tables):
+    vbs, uniform = tables["vbs"], tables["fbs-best"]
+    seconds = measured(tables, per_unit=0.8)
+    done = select(vbs, uniform, seconds)
+    assert done.kept > 0
+    assert {p.plan_id for p in done.table.plans} - {p.plan_id for p in uniform.plans}
+    for r in range(1, vbs.batch_max + 1):
+        for b in budgets(vbs, r):
+            try:
+                got = median_at(done.table, r, b, seconds)
+            except InfeasibleError:
+                with pytest.raises(InfeasibleError):
+                    vbs.lookup(r, b)
+                continue
+            try:
+                assert got <= median_at(uniform, r, b, seconds)
+            except InfeasibleError:
+                pass
+
+
+def test_the_table_keeps_each_plans_measured_time_beside_its_prediction(tables):
+    vbs, uniform = tables["vbs"], tables["fbs-best"]
+    seconds = measured(tables, per_unit=0.8)
+    table = select(vbs, uniform, seconds).table
+    again = PlanTable.from_bytes(table.to_bytes())
+    for t in (table, again):
+        for tp in t.plans:
+            assert tp.time_measured == statistics.median(seconds[tp.plan_id])
+        for r in range(1, t.batch_max + 1):
+            for peak, plan in t.plans_for(r):
+                assert plan.time_measured == statistics.median(seconds[plan.plan_id])
+                assert plan.to_json()["time_measured"] == plan.time_measured
+                assert plan.time_total > 0 and plan.peak_bytes == peak
+    assert all(tp.time_measured is None for tp in vbs.plans)  # solved, not measured
+    assert "time_measured" not in vbs.lookup(1, vbs.top_bytes).to_json()
+
+
+def test_winning_needs_the_margin_and_beyond_the_spread():
+    assert wins([0.90, 0.91, 0.92], [1.0, 1.0, 1.0])
+    assert not wins([0.98, 0.98, 0.98], [1.0, 1.0, 1.0])  # within the margin
+    assert not wins([0.90, 0.90, 1.05], [1.0, 1.0, 1.0])  # its slowest round loses
+    assert wins([1 - MARGIN] * 3, [1.0] * 3)
+
+
+def test_a_plan_not_measured_or_tables_of_two_profiles_are_refused(tables):
+    vbs, uniform = tables["vbs"], tables["fbs-best"]
+    with pytest.raises(UsageError, match="was not measured"):
+        select(vbs, uniform, {})
+    other = build_tables(googlenet_like(5, seed=7), ("fbs-best",), slot_count=96)["fbs-best"]
+    with pytest.raises(UsageError, match="not of one profile"):
+        select(vbs, other, measured(tables, 1.0))

@@ -1,0 +1,110 @@
+"""Measured selection at plan time: `vbs plan` runs every plan of the served table and every
+uniform plan of fbs-best in the executor, as a worker runs them, and keeps a per-unit plan only
+where it measured faster (``planner.solver.selection`` holds the rule).
+
+Why here: running a plan needs the executor and the unit runtimes (workers/), above the
+planner, which only builds tables; ``planner.pipeline.prepare`` takes this as its ``select``
+step, before the tables are published. The plans of one request size run interleaved, in an
+order shuffled anew each round (seeded), so that drift hits them alike, on the same input,
+each first checked against ``model(x)``; every plan runs once per round however many budgets
+share it.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+import torch
+
+from core import runtimes as rt
+from core.errors import PlanError
+from core.runtimes.base import RuntimeOptions
+from core.table import PlanTable
+from core.units import Capture
+from planner.solver.compare import BASELINE
+from planner.solver.selection import select, to_measure, with_measured
+from workers.executor import execute
+
+log = logging.getLogger("vbs.plan")
+
+TOLERANCE = 1e-3  # a plan's output may differ from model(x) by this, relative to its scale
+
+
+def timed(device: torch.device, fn: Callable[[], Any]) -> float:
+    """Seconds ``fn`` takes, the device's queue drained before and after."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    y = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    del y
+    return time.perf_counter() - t0
+
+
+def selected(capture: Capture, tables: Mapping[str, PlanTable], solver: str, rounds: int,
+             sizes: Collection[int] | None = None) -> dict[str, PlanTable]:
+    """``tables`` with the ``solver``'s table chosen by measurement over ``rounds`` rounds
+    (unchanged where ``rounds`` is 0, the objective is not time, or it is fbs-best itself);
+    ``sizes``: only those request sizes' rows (`vbs bench`: the one it runs)."""
+    table = tables[solver]
+    if rounds < 1 or solver == BASELINE or table.objective != "time":
+        return dict(tables)
+    uniform = tables[BASELINE]
+    t0 = time.perf_counter()
+    seconds = measure(capture, table, uniform, rounds, sizes)
+    done = select(table, uniform, seconds, sizes=sizes)
+    log.info("%s: %s's plans measured against fbs-best's in %.1f s (%d rounds): %d per-unit "
+             "plans kept, %d gave way to the uniform batch", capture.model.spec.name, solver,
+             time.perf_counter() - t0, rounds, done.kept, done.replaced)
+    return {**tables, solver: done.table, BASELINE: with_measured(uniform, seconds)}
+
+
+def measure(capture: Capture, table: PlanTable, uniform: PlanTable, rounds: int,
+            sizes: Collection[int] | None = None) -> dict[str, list[float]]:
+    """Seconds of every plan ``to_measure`` names, one per round, by plan id (``sizes``:
+    of those request sizes only)."""
+    model = capture.model
+    device = model.device
+    loaded = {name: rt.load(name, capture, RuntimeOptions())
+              for name in sorted(set(table.runtimes) | set(uniform.runtimes))
+              if rt.KINDS[name].calls}
+    seconds: dict[str, list[float]] = {}
+    try:
+        for r in sorted(sizes) if sizes is not None else range(1, table.batch_max + 1):
+            x = model.example(r, seed=7)
+            with torch.inference_mode():
+                expected = model.module(x)
+            jobs = []
+            for t, index in to_measure(table, uniform, r):
+                plan = t.plan(index, r, t.plans[index].peak_bytes)
+                job = (lambda p=plan: execute(capture, p.program.steps, x, p.split_map,
+                                              p.run_map, loaded))
+                _check(job(), expected, plan.plan_id, model.spec.name)  # and warm
+                jobs.append((plan.plan_id, job))
+            order = list(jobs)
+            shuffle = random.Random(r).shuffle
+            for _ in range(rounds):
+                shuffle(order)
+                for plan_id, job in order:
+                    seconds.setdefault(plan_id, []).append(timed(device, job))
+    finally:
+        for units in loaded.values():
+            units.release()
+    return seconds
+
+
+def _check(y: torch.Tensor, expected: torch.Tensor, plan_id: str, name: str) -> None:
+    scale = max(1.0, float(expected.abs().max()))
+    err = float((y.float() - expected.float()).abs().max())
+    if err > TOLERANCE * scale:
+        raise PlanError(f"{name}: plan {plan_id} answers differently from model(x) (largest "
+                        f"difference {err:.3g}): a bug in the executor or a runtime; report it "
+                        "with the model and `vbs plan --select-rounds 0` to plan without it")
+
+
+__all__ = ["measure", "selected", "timed"]
