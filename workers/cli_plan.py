@@ -56,7 +56,8 @@ def _select(rounds: int) -> Any:
     """The tables' measured selection (``workers.plan_selection``) over ``rounds`` rounds."""
     from workers.plan_selection import selected
 
-    return lambda capture, tables, solver: selected(capture, tables, solver, rounds)
+    return lambda capture, tables, solver: selected(capture, tables, solver, rounds,
+                                                    note=print)
 
 
 def _load_line(store: Any, location: str, served: str, spec: Any, table: Any,

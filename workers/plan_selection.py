@@ -47,10 +47,12 @@ def timed(device: torch.device, fn: Callable[[], Any]) -> float:
 
 
 def selected(capture: Capture, tables: Mapping[str, PlanTable], solver: str, rounds: int,
-             sizes: Collection[int] | None = None) -> dict[str, PlanTable]:
+             sizes: Collection[int] | None = None,
+             note: Callable[[str], None] = log.info) -> dict[str, PlanTable]:
     """``tables`` with the ``solver``'s table chosen by measurement over ``rounds`` rounds
     (unchanged where ``rounds`` is 0, the objective is not time, or it is fbs-best itself);
-    ``sizes``: only those request sizes' rows (`vbs bench`: the one it runs)."""
+    ``sizes``: only those request sizes' rows (`vbs bench`: the one it runs); ``note``: where
+    what it did is said."""
     table = tables[solver]
     if rounds < 1 or solver == BASELINE or table.objective != "time":
         return dict(tables)
@@ -58,9 +60,10 @@ def selected(capture: Capture, tables: Mapping[str, PlanTable], solver: str, rou
     t0 = time.perf_counter()
     seconds = measure(capture, table, uniform, rounds, sizes)
     done = select(table, uniform, seconds, sizes=sizes)
-    log.info("%s: %s's plans measured against fbs-best's in %.1f s (%d rounds): %d per-unit "
-             "plans kept, %d gave way to the uniform batch", capture.model.spec.name, solver,
-             time.perf_counter() - t0, rounds, done.kept, done.replaced)
+    note(f"{capture.model.spec.name}: {len(seconds)} plans of {solver} and fbs-best measured "
+         f"in {time.perf_counter() - t0:.1f} s ({rounds} rounds, table {table.fingerprint}): "
+         f"{done.kept} per-unit plans measured faster than the uniform batch at their budget "
+         f"and stay, {done.replaced} gave way to it")
     return {**tables, solver: done.table, BASELINE: with_measured(uniform, seconds)}
 
 
