@@ -66,6 +66,7 @@ class ModelEntry:
     estimate: PlanTable | None = None  # its table as the store had it before it first loaded
     kept_bytes: int | None = None   # what it kept the last time it was loaded
     making_bytes: int | None = None  # what making its largest session asked free, last load
+    held_bytes: int | None = None    # of kept_bytes, its runtimes' sessions, last load
     load_s: float | None = None
     loads: int = 0
     # use: requests let through and not answered yet, requests waiting for it to load, and
@@ -131,10 +132,15 @@ class ModelEntry:
                 recorded.kept_bytes if recorded is not None else self.weights_bytes)
         making = (self.making_bytes if self.making_bytes is not None else
                   recorded.making_bytes if recorded is not None else 0)
+        # what making counts already: the sessions (a torch worker's recorded peak: all)
+        made = (self.held_bytes if self.held_bytes is not None else
+                0 if recorded is None else
+                recorded.kept_bytes if recorded.with_torch else recorded.held_bytes)
         table = self.table if self.planned or self.worker is not None else self.estimate
         if table is None:
-            return ModelCost(self.name, kept, 0, 0, making)
-        return ModelCost(self.name, kept, int(table.min_peaks[0]), working_bytes(table), making)
+            return ModelCost(self.name, kept, 0, 0, making, made)
+        return ModelCost(self.name, kept, int(table.min_peaks[0]), working_bytes(table), making,
+                         made)
 
     def cached(self, key: Any, compute: Any) -> Any:
         """An answer that depends only on this model's table (for /plan), kept in a small LRU."""

@@ -147,6 +147,7 @@ class ModelLoader:
         kept = entry.kept_bytes = self.memory.models.loaded(entry.name,
                                                             entry.worker.kept_bytes())
         entry.making_bytes = entry.worker.making_bytes
+        entry.held_bytes = entry.worker.held_bytes
         m = self.metrics
         m.model_ready.labels(entry.name).set(1)
         m.model_loads.labels(entry.name).inc()

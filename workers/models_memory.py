@@ -34,12 +34,17 @@ class ModelCost:
     one_sample: int   # its one-sample plan's bytes (0: no table known yet)
     working: int      # the bytes at which its batches run at working speed
     making: int = 0   # free while it makes its largest session (0: none, or not known yet)
+    # of what it keeps, what ``making`` already counts: its sessions, which a runtime gives
+    # back before it makes the largest again (the weights and the batch buffer stay); a torch
+    # load's whole peak (making) counts all it keeps
+    made: int = 0
 
     @property
     def remaking(self) -> int:
-        """What making its largest session takes beyond what it keeps (that session is part
-        of what it keeps once made, and is given back before it is made again)."""
-        return max(0, self.making - self.keeps)
+        """What making its largest session takes beyond what it keeps: the runtime asks
+        ``making`` free beside what stays (``core.runtimes.ort_sessions``: the memory free
+        and the sessions it may give back must hold it)."""
+        return max(0, self.making - self.made)
 
 
 @dataclass(frozen=True)

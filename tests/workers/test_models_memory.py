@@ -6,6 +6,8 @@ cannot be read then) and read again once nothing is."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 
 import pytest
@@ -146,11 +148,16 @@ def test_a_load_has_room_to_make_its_largest_session(recorded: Recorded) -> None
     idle models, and every one of its requests a 503). Once loaded, it counts what it keeps."""
     memory = _memory(recorded)
     capacity = memory.models.capacity()
-    making = capacity // 2
-    big = ModelCost("big", keeps=WEIGHTS, one_sample=MiB, working=MiB, making=making)
-    assert big.remaking == making - WEIGHTS  # its session is part of what it then keeps
+    making, session = capacity // 2, WEIGHTS // 2
+    # its session (given back before it is made again) is part of what it keeps; its weights
+    # and batch buffer stay while the session is made (what ort_sessions asks free beside them)
+    big = ModelCost("big", keeps=WEIGHTS, one_sample=MiB, working=MiB, making=making,
+                    made=session)
+    assert big.remaking == making - session
     alone = memory.models.fit([big], loading="big")
-    assert alone.need == WEIGHTS + (making - WEIGHTS) and alone.fits
+    assert alone.need == WEIGHTS + (making - session) and alone.fits
+    # not made at its last load (nothing to give back): the whole making beside what it keeps
+    assert dataclasses.replace(big, made=0).remaking == making
     others = [ModelCost(f"o{i}", keeps=capacity // 5, one_sample=MiB, working=MiB)
               for i in range(3)]
     assert memory.models.fit([*others, big]).fits  # loaded: what it keeps and a plan
