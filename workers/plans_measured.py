@@ -9,7 +9,8 @@ keyed by the executor's exact peak. The default budgets (``auto``) run from wher
 run one sample at a time to where fbs runs the whole request at once. Runs are interleaved
 in one process, every configuration once per round in an order shuffled anew each round
 (seeded), so that drift hits every strategy alike and none always runs right after the same
-other (torch's OpenMP threads spin on for a while after a plan's torch steps, into the next
+other; a plan that several strategies or budgets share is one configuration, its rows
+sharing its samples (the same plan measured twice differs by noise alone) (torch's OpenMP threads spin on for a while after a plan's torch steps, into the next
 run's ONNX Runtime call):
 measured time per sample (median, with the spread), measured peak (torch profiler on CPU,
 max_memory_allocated on CUDA: what the executor and torch allocate), the walk's prediction
@@ -120,30 +121,36 @@ def run_bench(capture: Capture, profile: Profile, tables: dict[str, PlanTable], 
         return lambda: execute(capture, plan.program.steps, x, plan.split_map, plan.run_map,
                                loaded)
 
-    for row, plan in configs:  # warm-up, and the error against model(x)
+    # one configuration per distinct plan: a plan that several strategies or budgets share
+    # runs once per round and its rows share its samples (two measurements of one plan
+    # differ by the machine's noise alone, and a gain between them is 1.00x by construction)
+    distinct = {plan.plan_id: plan for _, plan in configs}
+    errors = {}
+    for plan_id, plan in distinct.items():  # warm-up, and the error against model(x)
         y = job(plan)()
-        row.max_abs_error = float((y.float() - expected.float()).abs().max())
+        errors[plan_id] = float((y.float() - expected.float()).abs().max())
     uniform = tables["fbs"].lookup(r, tables["fbs"].top_bytes)  # every unit at r: no sub-batching
     plain_times: list[float] = []
     uniform_times: list[float] = []
-    samples: dict[int, list[float]] = {id(row): [] for row, _ in configs}
-    order = list(configs)
+    samples: dict[str, list[float]] = {plan_id: [] for plan_id in distinct}
+    order = list(distinct.items())
     shuffle = random.Random(0).shuffle
     for k in range(repeat):
         log(f"round {k + 1}/{repeat}")
         shuffle(order)
-        for row, plan in order:
-            samples[id(row)].append(timed(device, job(plan)) / r)
+        for plan_id, plan in order:
+            samples[plan_id].append(timed(device, job(plan)) / r)
         with torch.inference_mode():
             plain_times.append(timed(device, lambda: model.module(x)) / r)
         uniform_times.append(timed(device, job(uniform)) / r)
-    peaks = _peak_runner(device)([(str(i), job(p)) for i, (_, p) in enumerate(configs)])
-    for i, (row, _) in enumerate(configs):
-        ts = samples[id(row)]
+    peaks = _peak_runner(device)([(plan_id, job(p)) for plan_id, p in distinct.items()])
+    for row, plan in configs:
+        ts = samples[plan.plan_id]
         med = statistics.median(ts)
+        row.max_abs_error = errors[plan.plan_id]
         row.time_per_sample_measured = med
         row.time_per_sample_spread = (max(ts) - min(ts)) / med if med else None
-        row.peak_bytes_measured = peaks[str(i)]
+        row.peak_bytes_measured = peaks[plan.plan_id]
     _gains(rows, budgets)
     summary = _summary(model.spec.name, r, device, repeat, [row for row, _ in configs],
                        plain_times, uniform_times)
