@@ -10,13 +10,15 @@ proposes, as cuDNN's benchmark mode and TensorRT's tactic timing do. This module
 alone, on times given to it; ``workers.plan_selection`` runs the plans in the executor (it
 needs the runtimes, above the planner) and calls it.
 
-The rule, row by row: each breakpoint's plan ``p`` is kept only where it won against ``u``,
-the uniform plan ``fbs-best`` gives for the same budget: its median at least ``MARGIN``
-faster than u's, and its slowest round faster than u's median (beyond the rounds' spread).
-The row is then the frontier of the kept plans and every uniform plan of the row, by executor
-peak and measured median: ascending peaks, each faster than all before it. So at every budget
-the row's plan measured at least as fast as the uniform plan fbs-best runs there (in the same
-rounds), and a row where nothing won holds only uniform plans.
+The rule, row by row: the row is fbs-best's (the uniform batch a tuned user would pick at
+each budget, chosen by the profile), and every other plan the solver's table holds for that
+request size (a per-unit plan, or another uniform batch) is a challenger, taken from its peak
+up only where it wins against fbs-best's plan there: its median at least ``MARGIN`` faster
+and its slowest round faster than that plan's median (beyond the rounds' spread). So at every
+budget the row gives fbs-best's plan or one that measured faster than it in the same rounds,
+and a row where nothing won is fbs-best's: two measurements of one uniform batch against
+another differ by the machine's noise, and choosing between them by it would only move the
+choice around (0.90x in the bench of a model the selection had given another uniform batch).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from core.errors import InfeasibleError, UsageError
+from core.errors import UsageError
 from core.table import PlanTable, TablePlan, TableRow
 
 MARGIN = 0.03  # how much faster (median) a per-unit plan must measure than the uniform one
@@ -85,18 +87,10 @@ def select(table: PlanTable, uniform: PlanTable, seconds: Mapping[str, Sequence[
             rows.append(TableRow(row.peaks.copy(), np.array([add(table.plans[p]) for p in
                                                              row.plans.tolist()], dtype=np.int64)))
             continue
-        pool: dict[str, TablePlan] = {uniform.plans[p].plan_id: uniform.plans[p]
-                                      for p in uniform.row(r).plans.tolist()}
-        for peak, p in zip(table.row(r).peaks.tolist(), table.row(r).plans.tolist()):
-            tp = table.plans[p]
-            rival = _uniform_at(uniform, r, peak)
-            if rival is None or rival.plan_id == tp.plan_id or \
-                    wins(_times(seconds, tp), _times(seconds, rival), margin):
-                pool[tp.plan_id] = tp
-                kept += rival is not None and rival.plan_id != tp.plan_id
-            else:
-                replaced += 1
-        rows.append(_frontier(list(pool.values()), seconds, add))
+        row, won, lost = _row(table, uniform, r, seconds, margin)
+        kept, replaced = kept + won, replaced + lost
+        rows.append(TableRow(np.array([peak for peak, _ in row], dtype=np.int64),
+                             np.array([add(tp) for _, tp in row], dtype=np.int64)))
     out = PlanTable(fingerprint=table.fingerprint, solver=table.solver,
                     objective=table.objective, slot_bytes=table.slot_bytes,
                     granule=table.granule, batch_max=table.batch_max, units=table.units,
@@ -112,31 +106,45 @@ def with_measured(table: PlanTable, seconds: Mapping[str, Sequence[float]]) -> P
     return replace(table, plans=plans)
 
 
-def _frontier(pool: list[TablePlan], seconds: Mapping[str, Sequence[float]], add: object
-              ) -> TableRow:
-    """By ascending peak, every plan measured faster than all before it."""
-    timed = sorted(((tp.peak_bytes, statistics.median(_times(seconds, tp)), tp) for tp in pool),
-                   key=lambda t: (t[0], t[1]))
-    peaks: list[int] = []
-    chosen: list[int] = []
-    best = float("inf")
-    for peak, median, tp in timed:
-        if median >= best:
-            continue
-        if peaks and peaks[-1] == peak:  # (sorted: the faster of one peak came first)
-            continue
-        peaks.append(peak)
-        chosen.append(add(tp))  # type: ignore[operator]
-        best = median
-    return TableRow(np.array(peaks, dtype=np.int64), np.array(chosen, dtype=np.int64))
+def _row(table: PlanTable, uniform: PlanTable, r: int, seconds: Mapping[str, Sequence[float]],
+         margin: float) -> tuple[list[tuple[int, TablePlan]], int, int]:
+    """The row of r: fbs-best's plans, each budget's own, overlaid by every other plan of
+    ``table``'s row (a challenger) from its peak up for as long as it wins against the
+    uniform plan there; with how many challengers won and lost."""
+    ids = {uniform.plans[p].plan_id for p in uniform.row(r).plans.tolist()}
+    events = sorted([(peak, 0, uniform.plans[p]) for peak, p in
+                     zip(uniform.row(r).peaks.tolist(), uniform.row(r).plans.tolist())] +
+                    [(peak, 1, table.plans[p]) for peak, p in
+                     zip(table.row(r).peaks.tolist(), table.row(r).plans.tolist())
+                     if table.plans[p].plan_id not in ids],
+                    key=lambda e: (e[0], e[1]))
+    row: list[tuple[int, TablePlan]] = []
+    rival: TablePlan | None = None  # fbs-best's plan at this budget
+    current: TablePlan | None = None  # what the row gives here
+    won: set[str] = set()
+    challengers = {tp.plan_id for _, kind, tp in events if kind}
 
+    def beats(tp: TablePlan, other: TablePlan | None) -> bool:
+        return other is None or wins(_times(seconds, tp), _times(seconds, other), margin)
 
-def _uniform_at(uniform: PlanTable, r: int, budget: int) -> TablePlan | None:
-    """The uniform plan fbs-best runs for r samples in ``budget`` bytes (None: none fits)."""
-    try:
-        return uniform.plans[uniform.find(r, budget)]
-    except InfeasibleError:
-        return None
+    for peak, kind, tp in events:
+        if kind == 0:  # the uniform batch changes here: a challenger stays while it wins
+            rival = tp
+            if current is not None and current.plan_id in challengers and beats(current, rival):
+                continue
+            current = tp
+        elif beats(tp, rival) and (current is None or current is rival or
+                                   statistics.median(_times(seconds, tp)) <
+                                   statistics.median(_times(seconds, current))):
+            current = tp
+            won.add(tp.plan_id)
+        else:
+            continue
+        if row and row[-1][0] == peak:
+            row[-1] = (peak, current)
+        else:
+            row.append((peak, current))
+    return row, len(won), len(challengers - won)
 
 
 def _times(seconds: Mapping[str, Sequence[float]], tp: TablePlan) -> Sequence[float]:

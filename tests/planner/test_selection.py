@@ -84,6 +84,23 @@ def test_per_unit_plans_that_measure_faster_are_kept_and_never_slower_than_unifo
                 pass
 
 
+def test_where_nothing_wins_by_the_margin_the_row_is_fbs_bests_at_every_budget(tables):
+    """Every plan of a request size measured alike (1% apart): no challenger, per-unit or
+    another uniform batch, displaces the uniform batch fbs-best picks at its budget."""
+    vbs, uniform = tables["vbs"], tables["fbs-best"]
+    seconds = {pid: [0.99 * r, 1.0 * r, 1.01 * r] for r in range(1, vbs.batch_max + 1)
+               for t, i in to_measure(vbs, uniform, r) for pid in [t.plans[i].plan_id]}
+    done = select(vbs, uniform, seconds)
+    assert done.kept == 0 and done.replaced > 0
+    for r in range(1, vbs.batch_max + 1):
+        for b in budgets(vbs, r) + budgets(uniform, r):
+            try:
+                want = uniform.lookup(r, b).plan_id
+            except InfeasibleError:
+                continue
+            assert done.table.lookup(r, b).plan_id == want
+
+
 def test_the_table_keeps_each_plans_measured_time_beside_its_prediction(tables):
     vbs, uniform = tables["vbs"], tables["fbs-best"]
     seconds = measured(tables, per_unit=0.8)
