@@ -57,7 +57,7 @@ def given_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The settings the flags that were given override (as JSON values)."""
     overrides: dict[str, Any] = {}
     for field in ("dtype", "device", "store", "batch_max", "cache_dir", "runtime",
-                  "select_rounds"):
+                  "select_rounds", "select_margin"):
         value = getattr(args, field, None)
         if value is not None:
             overrides[field] = str(value) if isinstance(value, Path) else value

@@ -33,7 +33,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if settings.select_rounds:  # vbs's row chosen by measurement, as `vbs plan` chooses it
         log(f"measuring vbs's and fbs-best's plans of {args.batch} samples "
             f"({settings.select_rounds} rounds), as `vbs plan` does before it publishes")
-        tables = selected(cap, tables, "vbs", settings.select_rounds, sizes=(args.batch,))
+        tables = selected(cap, tables, "vbs", settings.select_rounds, sizes=(args.batch,),
+                          margin=settings.select_margin)
     low, high = budget_range(tables, args.batch)
     budgets = parse_budgets(args.memory, low, high)
     rows, summary, plans = run_bench(cap, profile, tables, args.batch, budgets, args.repeat, log=log)
@@ -61,6 +62,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--select-rounds", type=int, metavar="N",
                    help="rounds vbs's plans run against fbs-best's before the bench, as `vbs "
                         "plan` chooses them (0: the table as solved; default: VBS_SELECT_ROUNDS, 3)")
+    p.add_argument("--select-margin", type=float, metavar="F",
+                   help="how much faster than fbs-best's another plan must measure to take a "
+                        "budget (default: VBS_SELECT_MARGIN, 0.10)")
     p.add_argument("--out", help="write CSV, JSON and PNG plots here")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.set_defaults(func=cmd_bench)

@@ -35,7 +35,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                objective=args.objective or settings.objective,
                                grid=args.grid or None, replan=args.replan,
                                progress=not args.quiet, compile=True, served=served,
-                               select=_select(settings.select_rounds))
+                               select=_select(settings.select_rounds,
+                                              settings.select_margin))
             table = prepared.table
             how = "solved and published" if prepared.published else "already in the store"
             others = ", ".join(f"{s} {len(t.plans)}" for s, t in prepared.tables.items()
@@ -52,12 +53,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _select(rounds: int) -> Any:
+def _select(rounds: int, margin: float) -> Any:
     """The tables' measured selection (``workers.plan_selection``) over ``rounds`` rounds."""
     from workers.plan_selection import selected
 
     return lambda capture, tables, solver: selected(capture, tables, solver, rounds,
-                                                    note=print)
+                                                    margin=margin, note=print)
 
 
 def _load_line(store: Any, location: str, served: str, spec: Any, table: Any,
@@ -114,4 +115,7 @@ def add_parser(sub: Any) -> None:
                    help="rounds every plan runs in the executor against the uniform batch "
                         "before the tables are published; a per-unit plan is kept only where it "
                         "measured faster (0: none; default: VBS_SELECT_ROUNDS, 3)")
+    p.add_argument("--select-margin", type=float, metavar="F",
+                   help="how much faster than fbs-best's uniform plan another plan must measure "
+                        "to take a budget (default: VBS_SELECT_MARGIN, 0.10)")
     p.set_defaults(func=cmd_plan)

@@ -26,7 +26,7 @@ from core.runtimes.base import RuntimeOptions
 from core.table import PlanTable
 from core.units import Capture
 from planner.solver.compare import BASELINE
-from planner.solver.selection import select, to_measure, with_measured
+from planner.solver.selection import MARGIN, select, to_measure, with_measured
 from workers.executor import execute
 
 log = logging.getLogger("vbs.plan")
@@ -47,19 +47,19 @@ def timed(device: torch.device, fn: Callable[[], Any]) -> float:
 
 
 def selected(capture: Capture, tables: Mapping[str, PlanTable], solver: str, rounds: int,
-             sizes: Collection[int] | None = None,
+             sizes: Collection[int] | None = None, margin: float = MARGIN,
              note: Callable[[str], None] = log.info) -> dict[str, PlanTable]:
     """``tables`` with the ``solver``'s table chosen by measurement over ``rounds`` rounds
     (unchanged where ``rounds`` is 0, the objective is not time, or it is fbs-best itself);
-    ``sizes``: only those request sizes' rows (`vbs bench`: the one it runs); ``note``: where
-    what it did is said."""
+    ``sizes``: only those request sizes' rows (`vbs bench`: the one it runs); ``margin``: how
+    much faster than fbs-best's a plan must measure; ``note``: where what it did is said."""
     table = tables[solver]
     if rounds < 1 or solver == BASELINE or table.objective != "time":
         return dict(tables)
     uniform = tables[BASELINE]
     t0 = time.perf_counter()
     seconds = measure(capture, table, uniform, rounds, sizes)
-    done = select(table, uniform, seconds, sizes=sizes)
+    done = select(table, uniform, seconds, margin, sizes=sizes)
     note(f"{capture.model.spec.name}: {len(seconds)} plans of {solver} and fbs-best measured "
          f"in {time.perf_counter() - t0:.1f} s ({rounds} rounds, table {table.fingerprint}): "
          f"{done.kept} per-unit plans measured faster than the uniform batch at their budget "

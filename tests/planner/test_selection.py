@@ -119,10 +119,12 @@ def test_the_table_keeps_each_plans_measured_time_beside_its_prediction(tables):
 
 
 def test_winning_needs_the_margin_and_beyond_the_spread():
-    assert wins([0.90, 0.91, 0.92], [1.0, 1.0, 1.0])
-    assert not wins([0.98, 0.98, 0.98], [1.0, 1.0, 1.0])  # within the margin
-    assert not wins([0.90, 0.90, 1.05], [1.0, 1.0, 1.0])  # its slowest round loses
+    fast = 1 - MARGIN - 0.01
+    assert wins([fast - 0.01, fast, fast + 0.005], [1.0, 1.0, 1.0])
+    assert not wins([1 - MARGIN / 2] * 3, [1.0, 1.0, 1.0])  # within the margin
+    assert not wins([fast, fast, 1.05], [1.0, 1.0, 1.0])  # its slowest round loses
     assert wins([1 - MARGIN] * 3, [1.0] * 3)
+    assert wins([0.98] * 3, [1.0] * 3, margin=0.01)  # a quieter machine's margin
 
 
 def test_a_plan_not_measured_or_tables_of_two_profiles_are_refused(tables):
