@@ -34,7 +34,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         log(f"measuring vbs's and fbs-best's plans of {args.batch} samples "
             f"({settings.select_rounds} rounds), as `vbs plan` does before it publishes")
         tables = selected(cap, tables, "vbs", settings.select_rounds, sizes=(args.batch,),
-                          margin=settings.select_margin)
+                          margin=settings.select_margin, note=log)
     low, high = budget_range(tables, args.batch)
     budgets = parse_budgets(args.memory, low, high)
     rows, summary, plans = run_bench(cap, profile, tables, args.batch, budgets, args.repeat, log=log)
