@@ -62,8 +62,8 @@ def selected(capture: Capture, tables: Mapping[str, PlanTable], solver: str, rou
     done = select(table, uniform, seconds, margin, sizes=sizes)
     note(f"{capture.model.spec.name}: {len(seconds)} plans of {solver} and fbs-best measured "
          f"in {time.perf_counter() - t0:.1f} s ({rounds} rounds, table {table.fingerprint}): "
-         f"{done.kept} per-unit plans measured faster than the uniform batch at their budget "
-         f"and stay, {done.replaced} gave way to it")
+         f"{done.kept} other plans measured faster than fbs-best's at some budget "
+         f"and take it, {done.replaced} gave way to it")
     return {**tables, solver: done.table, BASELINE: with_measured(uniform, seconds)}
 
 

@@ -1,6 +1,5 @@
-"""Measured selection: a row keeps a per-unit plan only where it measured faster than the best
-uniform batch at the same budget; everywhere else the uniform plan, and every plan's time as
-measured.
+"""Measured selection: at every budget a row gives fbs-best's uniform plan unless another plan
+measured faster than it there, and every plan keeps its time as measured.
 
 Why: the DP is exact for the prices it is given, but a unit's time measured alone is not its
 time inside a plan (cache state, the thread pool's spin, the call before it), and a plan
@@ -43,8 +42,8 @@ class Selected:
     """A table after measured selection, with what the selection did."""
 
     table: PlanTable
-    kept: int      # breakpoints whose per-unit plan won against the uniform plan
-    replaced: int  # breakpoints whose per-unit plan lost (or tied) and gave way
+    kept: int      # challengers (per-unit plans, other uniform batches) that took a budget
+    replaced: int  # challengers that won none: fbs-best's plan stayed
 
 
 def to_measure(table: PlanTable, uniform: PlanTable, r: int) -> list[tuple[PlanTable, int]]:
