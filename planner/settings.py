@@ -82,7 +82,7 @@ class Settings(BaseSettings):
         default=0.10, ge=0, le=0.9,
         description="`vbs plan`: how much faster (median) than fbs-best's uniform plan another "
                     "plan must measure to take a budget (and its slowest round faster than that "
-                    "plan's median): above the machine's run-to-run noise")
+                    "plan's fastest): above the machine's run-to-run noise")
     profile_grid: bool = Field(default=False, description="profile a grid of batch sizes and "
                                                           "interpolate (part of the fingerprint)")
     threads: int = Field(default=0, ge=0, description="torch intra-op threads on CPU; 0 = torch's default")

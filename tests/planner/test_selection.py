@@ -123,6 +123,7 @@ def test_winning_needs_the_margin_and_beyond_the_spread():
     assert wins([fast - 0.01, fast, fast + 0.005], [1.0, 1.0, 1.0])
     assert not wins([1 - MARGIN / 2] * 3, [1.0, 1.0, 1.0])  # within the margin
     assert not wins([fast, fast, 1.05], [1.0, 1.0, 1.0])  # its slowest round loses
+    assert not wins([fast, fast, 0.96], [0.95, 1.0, 1.0])  # within the rival's spread
     assert wins([1 - MARGIN] * 3, [1.0] * 3)
     assert wins([0.98] * 3, [1.0] * 3, margin=0.01)  # a quieter machine's margin
 
