@@ -60,6 +60,12 @@ class TablePlan:
     # ``time_total`` (None: not measured; ``workers.plan_selection``)
     time_measured: float | None = None
 
+    @property
+    def seconds(self) -> float:
+        """What running it takes as the table knows it: measured where `vbs plan` ran it,
+        else predicted (what the worker's lookups weigh: the latency bound, the shares)."""
+        return self.time_measured if self.time_measured is not None else self.time_total
+
     def runtime_names(self, names: tuple[str, ...]) -> tuple[str, ...]:
         """Each step's runtime ('' everywhere when the table names none)."""
         if self.runtimes is None:
@@ -184,13 +190,14 @@ class PlanTable:
         return [(int(peak), self.plan(int(p), r, int(peak))) for peak, p in zip(row.peaks, row.plans)]
 
     def times_within(self, free_bytes: int) -> tuple[float, ...]:
-        """Predicted seconds of the best plan of each request size that fits in ``free_bytes``:
+        """Seconds of the best plan of each request size that fits in ``free_bytes`` (measured
+        where `vbs plan` ran it, else predicted: ``TablePlan.seconds``):
         element r for r samples (element 0 is 0.0; infinity where no plan of r fits). One
         lookup per request size."""
         times = [0.0]
         for r in range(1, self.batch_max + 1):
             try:
-                times.append(float(self.plans[self.find(r, free_bytes)].time_total))
+                times.append(float(self.plans[self.find(r, free_bytes)].seconds))
             except InfeasibleError:
                 times.append(math.inf)
         return tuple(times)
@@ -206,7 +213,7 @@ class PlanTable:
                 index = self.find(r, free_bytes)
             except InfeasibleError:
                 continue
-            time = self.plans[index].time_total
+            time = self.plans[index].seconds
             if time <= latency_s:
                 return r
             fastest = min(fastest, time)

@@ -73,7 +73,7 @@ def time_per_sample(table: PlanTable, r: int, budgets: np.ndarray) -> np.ndarray
 
 
 def _time_per_sample(table: PlanTable, r: int, budgets: np.ndarray) -> np.ndarray:
-    times = np.array([p.time_total for p in table.plans], dtype=np.float64)
+    times = np.array([p.seconds for p in table.plans], dtype=np.float64)
     mins = table.min_peaks[:r]
     fits = mins[None, :] <= budgets[:, None]                 # (levels, r)
     any_fit = fits.any(axis=1)

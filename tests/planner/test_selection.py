@@ -118,6 +118,23 @@ def test_the_table_keeps_each_plans_measured_time_beside_its_prediction(tables):
     assert "time_measured" not in vbs.lookup(1, vbs.top_bytes).to_json()
 
 
+def test_the_lookups_weigh_the_measured_time(tables):
+    """A measured table's lookups (the latency bound, the batcher's and the shares' times)
+    read what `vbs plan` measured, not the prediction beside it."""
+    vbs, uniform = tables["vbs"], tables["fbs-best"]
+    seconds = {pid: [1.5 * t for t in ts] for pid, ts in measured(tables, 0.8).items()}
+    table = select(vbs, uniform, seconds).table
+    top = table.top_bytes
+    times = table.times_within(top)
+    for r in range(1, table.batch_max + 1):
+        plan = table.lookup(r, top)
+        assert times[r] == plan.time_measured == statistics.median(seconds[plan.plan_id])
+        assert plan.time_measured != plan.time_total
+    slowest = max(times[1:])
+    assert table.largest_batch_within(top, slowest) == max(
+        r for r in range(1, table.batch_max + 1) if times[r] <= slowest)
+
+
 def test_winning_needs_the_margin_and_beyond_the_spread():
     fast = 1 - MARGIN - 0.01
     assert wins([fast - 0.01, fast, fast + 0.005], [1.0, 1.0, 1.0])
