@@ -113,8 +113,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--replan", action="store_true", help="solve again even if the store has the table")
     p.add_argument("--select-rounds", type=int, metavar="N",
                    help="rounds every plan runs in the executor against the uniform batch "
-                        "before the tables are published; a per-unit plan is kept only where it "
-                        "measured faster (0: none; default: VBS_SELECT_ROUNDS, 3)")
+                        "before the tables are published; another plan than fbs-best's takes a "
+                        "budget only where it measured faster there (0: none; default: "
+                        "VBS_SELECT_ROUNDS, 3)")
     p.add_argument("--select-margin", type=float, metavar="F",
                    help="how much faster than fbs-best's uniform plan another plan must measure "
                         "to take a budget (default: VBS_SELECT_MARGIN, 0.10)")

@@ -1,6 +1,7 @@
 """Measured selection at plan time: `vbs plan` runs every plan of the served table and every
-uniform plan of fbs-best in the executor, as a worker runs them, and keeps a per-unit plan only
-where it measured faster (``planner.solver.selection`` holds the rule).
+uniform plan of fbs-best in the executor, as a worker runs them, and at every budget the table
+gives fbs-best's plan unless another measured faster there (``planner.solver.selection``
+holds the rule).
 
 Why here: running a plan needs the executor and the unit runtimes (workers/), above the
 planner, which only builds tables; ``planner.pipeline.prepare`` takes this as its ``select``
