@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import zipfile
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,8 +25,10 @@ from core.errors import TableFormatError
 from core.model_shapes import ModelShapes
 from core.runtimes.onnx_compose import UnitGraphs
 from core.tree import Series
+from core.weights_file import WeightsFile, is_moved, tensor_bytes
 
 SCHEMA = "vbs.compiled/1"
+MOVED_MIN = 1024  # bytes: smaller weights stay in their graphs (SharedWeights' min_bytes)
 _MANIFEST = "compiled.json"
 
 
@@ -46,9 +49,15 @@ class CompiledModel:
 
     def weight_bytes(self) -> int:
         """Bytes of every unit's and join's initializers: the model's weights, once."""
-        return sum(len(t.raw_data) or 4 * len(t.float_data)
+        return sum(tensor_bytes(t)
                    for g in (*self.graphs.units.values(), *self.graphs.joins.values())
                    for t in g.graph.initializer)
+
+    def resident_weight_bytes(self) -> int:
+        """Of ``weight_bytes``, those the graphs hold in memory (not in the weights file)."""
+        return sum(tensor_bytes(t)
+                   for g in (*self.graphs.units.values(), *self.graphs.joins.values())
+                   for t in g.graph.initializer if not is_moved(t))
 
     def to_bytes(self) -> bytes:
         buffer = io.BytesIO()
@@ -60,10 +69,24 @@ class CompiledModel:
         with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as z:
             z.writestr(_MANIFEST, json.dumps(manifest))
             for i, name in enumerate(units):
-                z.writestr(f"units/{i}.onnx", self.graphs.units[name].SerializeToString())
+                z.writestr(f"units/{i}.onnx", self._whole(self.graphs.units[name]))
             for i, name in enumerate(joins):
-                z.writestr(f"joins/{i}.onnx", self.graphs.joins[name].SerializeToString())
+                z.writestr(f"joins/{i}.onnx", self._whole(self.graphs.joins[name]))
         return buffer.getvalue()
+
+    def _whole(self, graph: onnx.ModelProto) -> bytes:
+        """``graph`` serialized with every weight's bytes (those in the weights file too)."""
+        if not any(map(is_moved, graph.graph.initializer)):
+            return graph.SerializeToString()
+        whole = onnx.ModelProto()
+        whole.CopyFrom(graph)
+        for tensor in whole.graph.initializer:
+            if is_moved(tensor):
+                raw = self.graphs.raw(tensor)
+                del tensor.external_data[:]
+                tensor.data_location = onnx.TensorProto.DEFAULT
+                tensor.raw_data = raw
+        return whole.SerializeToString()
 
     @staticmethod
     def manifest(blob: bytes, where: str) -> tuple[ModelShapes, dict[str, Any]]:
@@ -78,23 +101,34 @@ class CompiledModel:
                                    "`vbs plan --replan` to compile it again") from exc
 
     @classmethod
-    def from_bytes(cls, blob: bytes, where: str) -> "CompiledModel":
+    def from_bytes(cls, blob: bytes, where: str, *,
+                   weights_dir: str | os.PathLike[str] | None = None) -> "CompiledModel":
         """Read a blob ``to_bytes`` wrote; TableFormatError naming ``where`` and the fix when
-        it cannot be read."""
+        it cannot be read. With ``weights_dir``, the graphs' weights of ``MOVED_MIN`` bytes
+        or more go to a file there as each graph is read (``core.weights_file``), not into
+        the graphs."""
+        file = WeightsFile(weights_dir) if weights_dir is not None else None
+
+        def read(data: bytes) -> onnx.ModelProto:
+            graph = onnx.load_from_string(data)
+            return file.moved(graph, MOVED_MIN) if file is not None else graph
+
         try:
             with zipfile.ZipFile(io.BytesIO(blob)) as z:
                 manifest = json.loads(z.read(_MANIFEST))
                 if manifest.get("schema") != SCHEMA:
                     raise ValueError(f"schema {manifest.get('schema')!r}, not {SCHEMA}")
                 shapes = ModelShapes.from_json(manifest["shapes"])
-                units = {name: onnx.load_from_string(z.read(f"units/{i}.onnx"))
+                units = {name: read(z.read(f"units/{i}.onnx"))
                          for i, name in enumerate(manifest["units"])}
-                joins = {name: onnx.load_from_string(z.read(f"joins/{i}.onnx"))
+                joins = {name: read(z.read(f"joins/{i}.onnx"))
                          for i, name in enumerate(manifest["joins"])}
+            if file is not None:
+                file.settle()
         except Exception as exc:  # noqa: BLE001 - zip, JSON and protobuf each raise their own
             raise TableFormatError(f"{where} cannot be read ({type(exc).__name__}: {exc}): run "
                                    "`vbs plan --replan` to compile it again") from exc
         if not isinstance(shapes.tree, Series):
             raise TableFormatError(f"{where}: the tree's root is not a series")
-        graphs = UnitGraphs(shapes, units, joins, dict(manifest.get("failed", {})))
+        graphs = UnitGraphs(shapes, units, joins, dict(manifest.get("failed", {})), file)
         return cls(graphs, dict(manifest.get("meta", {})))

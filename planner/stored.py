@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,9 +127,12 @@ class StoredModel:
 
 
 def read_compiled(store: PlanStore, served: str, spec: ModelSpec, solver: str,
-                  objective: str) -> StoredModel:
+                  objective: str, *, weights_dir: str | os.PathLike[str] | None = None
+                  ) -> StoredModel:
     """The compiled model ``vbs plan`` stored for ``served``, with its profile and tables;
-    TableNotFoundError naming the `vbs plan` command to run when any is missing."""
+    TableNotFoundError naming the `vbs plan` command to run when any is missing. With
+    ``weights_dir``, its weights are kept in a file there, not in its graphs (what a worker
+    does: ``core.weights_file``)."""
     fix = plan_hint(served, spec, store.location)
     cid = store.get_model(compiled_key(served, spec))
     if cid is None:
@@ -137,7 +141,8 @@ def read_compiled(store: PlanStore, served: str, spec: ModelSpec, solver: str,
     if blob is None:
         raise TableNotFoundError(f"{served}: compiled model {cid} is missing from "
                                  f"{store.location}: {fix}")
-    compiled = CompiledModel.from_bytes(blob, f"compiled model {cid} in {store.location}")
+    compiled = CompiledModel.from_bytes(blob, f"compiled model {cid} in {store.location}",
+                                        weights_dir=weights_dir)
     fp = str(compiled.meta.get("fingerprint", ""))
     found = read(store, fp, strategies(solver), objective, repair=False) if fp else None
     if found is None:

@@ -149,12 +149,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if settings.lean_for(settings.device):
         _check_compiled(settings, specs)
     else:
-        from planner.models import sketch_model
-
         # fail fast on a model that cannot load: each built on the meta device, its weights
-        # file read there too (no memory: more models than memory holds load on demand)
-        for _, spec in specs:
-            sketch_model(spec, check_weights=True)
+        # file read there too (no memory: more models than memory holds load on demand); a
+        # model the store holds compiled is served without torch, and not built here either
+        # (torch is imported only for a model that needs it)
+        built = [spec for served, spec in specs
+                 if not (settings.lean_if_compiled(settings.device)
+                         and _compiled_in_store(settings, served, spec))]
+        if built:
+            try:
+                from planner.models import sketch_model
+            except ImportError:  # torch is there but fails to import: as a server without it
+                _check_compiled(settings, specs)
+            else:
+                for spec in built:
+                    sketch_model(spec, check_weights=True)
     logging.getLogger("vbs").setLevel(args.log_level.upper())
     if not logging.getLogger().handlers:
         logging.basicConfig(level=args.log_level.upper(),
@@ -194,6 +203,25 @@ def _restart_with_hugepages() -> None:
         os.execve(sys.executable, [sys.executable, *argv[1:]], env)
     except OSError as exc:  # serve as it is
         log.warning("could not start again with huge pages: %s", exc)
+
+
+def _compiled_in_store(settings: Any, served: str, spec: Any) -> bool:
+    """Whether the store holds ``served`` compiled (False where it cannot be read now: the
+    model is then checked as one served with torch)."""
+    from core.errors import StoreError
+    from planner.store import open_store
+    from planner.stored import compiled_key
+
+    try:
+        store = open_store(settings.store_location)
+    except StoreError:
+        return False
+    try:
+        return store.get_model(compiled_key(served, spec)) is not None
+    except StoreError:
+        return False
+    finally:
+        store.close()
 
 
 def _check_compiled(settings: Any, specs: list[tuple[str, Any]]) -> None:

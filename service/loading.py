@@ -244,7 +244,9 @@ class ModelLoader:
         if not must and not s.lean_if_compiled(device):
             return None
         try:
-            prepared = read_compiled(store, entry.name, entry.spec, s.solver, s.objective)
+            # its weights in a file of the cache directory (a disk), not twice in memory
+            prepared = read_compiled(store, entry.name, entry.spec, s.solver, s.objective,
+                                     weights_dir=s.cache_dir / "weights")
         except TableNotFoundError as exc:
             if must:
                 raise

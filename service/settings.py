@@ -9,6 +9,8 @@ building ``Settings(**overrides)``; nothing else in the service reads the enviro
 
 from __future__ import annotations
 
+import importlib.util
+
 import json
 from typing import Any, Literal
 
@@ -251,7 +253,7 @@ class Settings(PlannerSettings):
 
     def lean_for(self, device: str) -> bool:
         """Whether a model on ``device`` must be served from its compiled form, without torch
-        (``lean`` on, or auto where torch cannot be imported)."""
+        (``lean`` on, or auto where torch is not installed)."""
         if not device.startswith("cpu") or self.lean == "off":
             return False
         return self.lean == "on" or not torch_importable()
@@ -284,9 +286,7 @@ class Settings(PlannerSettings):
 
 
 def torch_importable() -> bool:
-    """Whether ``import torch`` works here (the lean worker image has none)."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether torch is installed here (the lean worker image has none), found without
+    importing it: the import alone grows a process by hundreds of MiB (the CUDA build's
+    libraries mapped, its heap), which a server of compiled models never pays."""
+    return importlib.util.find_spec("torch") is not None

@@ -184,6 +184,12 @@ class ArrayModel:
         return self.compiled.weight_bytes()
 
     @property
+    def resident_weights_bytes(self) -> int:
+        """Of the graphs' weights, those they hold in memory (none of those moved to the
+        weights file, ``core.weights_file``: their copy in memory is the sessions')."""
+        return self.compiled.resident_weight_bytes()
+
+    @property
     def sample_bytes(self) -> int:
         """One input sample's bytes (float32)."""
         return int(np.prod(self.input_shape, dtype=np.int64)) * self.dtype.itemsize

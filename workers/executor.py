@@ -259,6 +259,11 @@ class TorchModel:
         return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
 
     @property
+    def resident_weights_bytes(self) -> int:
+        """All its weights: the module holds them."""
+        return self.weights_bytes
+
+    @property
     def sample_bytes(self) -> int:
         """One input sample's bytes in its dtype."""
         return math.prod(self.input_shape) * self.capture.model.torch_dtype.itemsize

@@ -29,6 +29,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -124,7 +125,9 @@ def _measure_here(store: PlanStore, served: str, spec: ModelSpec, solver: str, o
     """``measure_load``'s work, in this process; what it made is given back before returning."""
     start()  # ONNX Runtime's set-up of the process: once a process, not a session's making
     t0 = time.perf_counter()
-    stored = read_compiled(store, served, spec, solver, objective)
+    # its weights apart as a worker keeps them (``service.loading``)
+    stored = read_compiled(store, served, spec, solver, objective,
+                           weights_dir=tempfile.gettempdir())
     model = ArrayModel(stored.compiled, stored.profile.root, stored.fingerprint)
     worker = Worker(model, stored.tables[solver], MemoryProbe("cpu"), name=served,
                     runtime_options=options)

@@ -62,6 +62,9 @@ class Served(Protocol):
     def weights_bytes(self) -> int: ...
 
     @property
+    def resident_weights_bytes(self) -> int: ...  # of them, those it holds in memory
+
+    @property
     def sample_bytes(self) -> int: ...
 
     def load_runtime(self, name: str, options: RuntimeOptions) -> UnitRuntime: ...
@@ -236,7 +239,7 @@ class Worker:
     def kept_bytes(self) -> int:
         """What this model keeps loaded, as its parts say: its weights, what its runtimes keep
         between calls, and on the CPU its batch buffer (on CUDA that is host memory)."""
-        kept = self.model.weights_bytes + self.held_bytes
+        kept = self.model.resident_weights_bytes + self.held_bytes
         if not self.probe.device.startswith("cuda"):
             kept += self.table.batch_max * self.model.sample_bytes
         return int(kept)

@@ -11,7 +11,8 @@ too). Composing any run takes milliseconds, not an export; it reads only the mod
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import onnx
@@ -19,6 +20,7 @@ from onnx import TensorProto, helper
 
 from core.model_shapes import ModelShapes
 from core.tree import Layer, Node, Parallel, Series, iter_layers
+from core.weights_file import WeightsFile, is_moved, tensor_bytes
 
 OPSET = 17
 ELEM = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
@@ -30,6 +32,21 @@ class CannotCompose(Exception):
 
 
 @dataclass(frozen=True)
+class Composed:
+    """A run's graph whose large weights are shells (name, type and shape, no bytes), and
+    the unit graphs' tensors that hold their bytes: what a session's making reads one tensor
+    at a time (``core.runtimes.ort_weights``) instead of a copy of every weight made first."""
+
+    model: onnx.ModelProto
+    sources: dict[str, Callable[[], bytes]]  # a shell's name -> its bytes, read when called
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the run's weights, the shells' included."""
+        return sum(tensor_bytes(t) for t in self.model.graph.initializer)
+
+
+@dataclass(frozen=True)
 class UnitGraphs:
     """The ONNX graph of every unit (input ``x``, output ``y``) and of every join that is
     an op of its own (inputs ``fork`` and ``y``, output ``z``); what failed, and why."""
@@ -38,6 +55,17 @@ class UnitGraphs:
     units: dict[str, onnx.ModelProto]
     joins: dict[str, onnx.ModelProto]
     failed: dict[str, str] = field(default_factory=dict)  # unit or block name -> why
+    # where the graphs' large weights are, where they are not in the graphs (``moved``)
+    weights: WeightsFile | None = field(default=None, compare=False)
+
+    def raw(self, tensor: onnx.TensorProto) -> bytes:
+        """A weight's bytes, wherever they are."""
+        if is_moved(tensor):
+            if self.weights is None:
+                raise CannotCompose(f"{tensor.name}: its bytes are in a weights file this "
+                                    "model does not have")
+            return self.weights.tensor_raw(tensor)
+        return tensor.raw_data
 
     def reason(self, node: Node) -> str:
         """Why ``node`` (a unit, or a block with everything in it) cannot run here; '' if it can."""
@@ -57,17 +85,26 @@ class UnitGraphs:
     def compose(self, nodes: Sequence[Node]) -> onnx.ModelProto:
         """One graph running ``nodes`` (consecutive children of one series) on input ``x``,
         output ``y``, batch axis ``N``; CannotCompose names what has no graph."""
+        return self._composer(nodes, refer_from=None).model(nodes)
+
+    def compose_referring(self, nodes: Sequence[Node], min_bytes: int) -> Composed:
+        """``compose``, each weight of ``min_bytes`` or more left where it is (in its unit's
+        graph, or the weights file): the run's graph names it as a shell, ``sources`` reads
+        its bytes when called (nothing is copied here)."""
+        composer = self._composer(nodes, refer_from=min_bytes)
+        return Composed(composer.model(nodes), composer.sources)
+
+    def _composer(self, nodes: Sequence[Node], refer_from: int | None) -> _Composer:
         if not nodes:
             raise CannotCompose("an empty run")
         for node in nodes:
             why = self.reason(node)
             if why:
                 raise CannotCompose(f"{node.name}: {why}")
-        graph = _Composer(self)
-        out = "x"
+        graph = _Composer(self, refer_from)
         for node in nodes:
-            out = graph.node(node, out)
-        return graph.model(nodes, out)
+            graph.out = graph.node(node, graph.out)
+        return graph
 
 
 def _value(name: str, dtype: str, shape: tuple[int, ...]) -> onnx.ValueInfoProto:
@@ -77,10 +114,13 @@ def _value(name: str, dtype: str, shape: tuple[int, ...]) -> onnx.ValueInfoProto
 class _Composer:
     """Builds one graph from unit graphs: every value and node renamed ``<unit>/<name>``."""
 
-    def __init__(self, graphs: UnitGraphs) -> None:
+    def __init__(self, graphs: UnitGraphs, refer_from: int | None) -> None:
         self.graphs = graphs
+        self.refer_from = refer_from  # weights of this many bytes or more as shells (None: none)
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
+        self.sources: dict[str, Callable[[], bytes]] = {}
+        self.out = "x"  # the value the nodes added so far compute
 
     def _splice(self, proto: onnx.ModelProto, prefix: str, inputs: dict[str, str],
                 output: str) -> str:
@@ -98,8 +138,19 @@ class _Composer:
 
         for init in proto.graph.initializer:
             copy = onnx.TensorProto()
-            copy.CopyFrom(init)
-            copy.name = rename(init.name)
+            moved = is_moved(init)
+            if self.refer_from is not None and (moved or init.HasField("raw_data")) \
+                    and tensor_bytes(init) >= self.refer_from:
+                copy.name, copy.data_type = rename(init.name), init.data_type
+                copy.dims.extend(init.dims)
+                self.sources[copy.name] = functools.partial(self.graphs.raw, init)
+            elif moved:  # its bytes read back into the graph
+                copy.name, copy.data_type = rename(init.name), init.data_type
+                copy.dims.extend(init.dims)
+                copy.raw_data = self.graphs.raw(init)
+            else:
+                copy.CopyFrom(init)
+                copy.name = rename(init.name)
             self.initializers.append(copy)
         for n in proto.graph.node:
             copy = onnx.NodeProto()
@@ -138,7 +189,8 @@ class _Composer:
                 z = self._splice(self.graphs.joins[node.name], node.name, {"fork": x, "y": y}, "z")
         return z
 
-    def model(self, nodes: Sequence[Node], out: str) -> onnx.ModelProto:
+    def model(self, nodes: Sequence[Node]) -> onnx.ModelProto:
+        out = self.out
         shapes = self.graphs.shapes
         dtype = shapes.dtype
         first, last = next(iter_layers(nodes[0])), nodes[-1]

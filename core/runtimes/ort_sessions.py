@@ -77,8 +77,9 @@ def _environment() -> None:
 SPIN = "session.intra_op.allow_spinning"
 STOP = "session.force_spinning_stop"
 # what making a session takes per byte of its graph's weights, at its peak: the composed
-# graph, the copies its optimiser makes in its own layouts (the graph's weights reach it
-# through a file it maps, ``ort_weights``), then the weights kept, its plan
+# graph (its large weights written to a file from the units' graphs, never copied whole),
+# the copies its optimiser makes in its own layouts (the graph's weights reach it through a
+# file it maps, ``ort_weights``), then the weights kept, its plan
 # (tests/core/test_runtimes.py checks the bound). Whole graphs made alone peaked at 0.5-3.5x
 # (4-6.2x when they were given as a serialized graph), but 4 let a served process of eight
 # models be OOM-killed at its limit (docs/benchmarks.md section 8), so the bound stays
@@ -287,26 +288,27 @@ class OrtSessions:
             if found is None:
                 while len(self._runs) >= self.max_sessions:
                     self._evict()
-                # its making starts with its graph composed (a copy of its weights, the layers'
-                # graphs parsed): the peak is measured from here (where the kernel lets the
+                # its making starts with its graph composed (the layers' graphs parsed, its small
+                # weights copied): the peak is measured from here (where the kernel lets the
                 # process reset its peak)
                 composing: int | None = status_bytes("VmRSS")
                 try:
                     reset_peak()
                 except OSError:
                     composing = None
-                try:
-                    model = self.graphs.compose(self.nodes(first, last))
+                try:  # its large weights referred to in the units' graphs, never copied here
+                    run = self.graphs.compose_referring(self.nodes(first, last),
+                                                        self._weights.min_bytes)
                 except CannotCompose as exc:
                     raise ExecutionError(f"{self.model_name}: {first}..{last} cannot run on "
                                          f"ONNX Runtime: {exc}") from exc
-                weights = weight_bytes(model)
+                weights = run.weight_bytes
                 need = math.ceil(self.making_factor * weights)
                 self._making = max(self._making, need)
                 self._make_room(first, last, need)
                 before = status_bytes("VmRSS")
-                session = self._weights.session(model, session_options(
-                    self.threads, spin=self.spin))
+                session = self._weights.session(run.model, session_options(
+                    self.threads, spin=self.spin), sources=run.sources)
                 if composing is not None and weights >= SEEN_WEIGHTS:  # below: its own rules
                     self._seen = max(self._seen, (status_bytes("VmHWM") - composing) / weights)
                 # what the process grew by, less the weights it added to the shared ones

@@ -25,7 +25,7 @@ import shutil
 import tempfile
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,18 +83,23 @@ class SharedWeights:
             self._graphs.clear()
 
     def session(self, model: onnx.ModelProto, options: ort.SessionOptions,
-                providers: Sequence[str] = ("CPUExecutionProvider",)) -> ort.InferenceSession:
+                providers: Sequence[str] = ("CPUExecutionProvider",), *,
+                sources: Mapping[str, Callable[[], bytes]] | None = None
+                ) -> ort.InferenceSession:
         """A session running ``model`` as ``options`` say (optimised at their
         ``graph_optimization_level``) on the shared weights. ``options`` is the serving
         session's own: it is changed (its level set to ORT_DISABLE_ALL, the weights added),
-        so pass a fresh one each time, as for any session."""
+        so pass a fresh one each time, as for any session. ``sources``: where the bytes of
+        ``model``'s shells are (``core.runtimes.onnx_compose.Composed``), read one at a time
+        where the graph is not optimised yet."""
         key = _structure(model)
         level = options.graph_optimization_level
         with self._lock:
             graph = self._graphs.get((key, int(level)))
             before = self.held_bytes
             if graph is None:
-                graph = self._graphs[(key, int(level))] = self._prepare(model, level, providers)
+                graph = self._graphs[(key, int(level))] = self._prepare(model, level, providers,
+                                                                        sources or {})
             self.last_new_bytes = self.held_bytes - before
             self.last_graph_bytes = len(graph.proto)
             for name, content in graph.weights:
@@ -106,7 +111,7 @@ class SharedWeights:
         return session
 
     def _prepare(self, model: onnx.ModelProto, level: ort.GraphOptimizationLevel,
-                 providers: Sequence[str]) -> _Graph:
+                 providers: Sequence[str], sources: Mapping[str, Callable[[], bytes]]) -> _Graph:
         """``model`` optimised at ``level`` (none at ORT_DISABLE_ALL), its weights moved into
         the shared buffers."""
         work = tempfile.mkdtemp(dir=self._dir)
@@ -114,7 +119,7 @@ class SharedWeights:
             # the graph's weights go to a file first, one tensor at a time: ONNX Runtime maps
             # them from there rather than holding a serialized copy and its own beside
             # the caller's (what made a session cost about 6x its weights at its peak)
-            source = _externalised(model, work, "source.bin", self.min_bytes)
+            source = _externalised(model, work, "source.bin", self.min_bytes, sources)
             if level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL:
                 optimised = source
             else:
@@ -149,20 +154,22 @@ class SharedWeights:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _externalised(model: onnx.ModelProto, folder: str, name: str,
-                  min_bytes: int) -> onnx.ModelProto:
+def _externalised(model: onnx.ModelProto, folder: str, name: str, min_bytes: int,
+                  sources: Mapping[str, Callable[[], bytes]]) -> onnx.ModelProto:
     """``model`` with each initializer of ``min_bytes`` or more written to ``folder/name``, at
     an offset aligned for mapping, and referred to there (``model`` is left as it is, and its
-    weights are never copied whole: one tensor's bytes at a time)."""
+    weights are never copied whole: one tensor's bytes at a time); a shell's bytes are its
+    tensor's in ``sources``, read one at a time."""
     shell = onnx.ModelProto()
     _copy_fields(model, shell, skip="graph")
     _copy_fields(model.graph, shell.graph, skip="initializer")
     with open(os.path.join(folder, name), "wb") as out:
         for tensor in model.graph.initializer:
-            if _nbytes(tensor) < min_bytes or not tensor.raw_data:
+            read = sources.get(tensor.name)
+            if read is None and (_nbytes(tensor) < min_bytes or not tensor.raw_data):
                 shell.graph.initializer.add().CopyFrom(tensor)
                 continue
-            raw = tensor.raw_data
+            raw = read() if read is not None else tensor.raw_data
             offset = -(-out.tell() // _MAP_ALIGN) * _MAP_ALIGN
             out.seek(offset)
             out.write(raw)

@@ -89,15 +89,7 @@ def test_serves_from_the_store_without_torch(planned: tuple[Path, Path, torch.nn
             env={**os.environ, **_no_torch(here), "VBS_PIPELINE": "on"})
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-            deadline = time.monotonic() + 300  # a loaded CI machine: sessions made ahead
-            while time.monotonic() < deadline and server.poll() is None:
-                try:
-                    if client.get("/v2/health/ready").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.3)
-            assert server.poll() is None, log.read_text()[-3000:]
+            _wait_ready(server, client, log)
             described = client.get("/models").json()["models"][0]
             assert described["state"] == "ready", (described, log.read_text()[-3000:])
             assert described["runs_on"] == "compiled ONNX graphs, without torch"
@@ -120,6 +112,50 @@ def test_serves_from_the_store_without_torch(planned: tuple[Path, Path, torch.nn
     assert "served without torch" in text, text[-2000:]
     assert "libtorch" not in maps  # nothing of torch was loaded, not even by a dependency
     assert rss < 400 * MiB, f"the worker holds {rss / MiB:.0f} MiB after serving"
+
+
+def _wait_ready(server: subprocess.Popen[bytes], client: httpx.Client, log: Path) -> None:
+    deadline = time.monotonic() + 300  # a loaded CI machine: sessions made ahead
+    while time.monotonic() < deadline and server.poll() is None:
+        try:
+            if client.get("/v2/health/ready").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    assert server.poll() is None, log.read_text()[-3000:]
+
+
+def test_where_torch_is_installed_a_compiled_model_is_served_without_importing_it(
+        planned: tuple[Path, Path, torch.nn.Module]) -> None:
+    """The default `vbs serve` (``VBS_LEAN`` auto) in this environment, where torch imports:
+    the store's compiled model is served without torch, and neither the start's checks nor
+    the load import it (the import alone grew a server by ~660 MiB: docs/benchmarks.md
+    section 8)."""
+    here, store, model = planned
+    port = free_port()
+    log = here / "serve-auto.log"
+    with log.open("w") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "service.commands", "serve", "--model", f"lean={MODEL}{AT}",
+             "--store", str(store), "--port", str(port), "--grpc-port", "0",
+             "--batch-max", str(BATCH_MAX)],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "VBS_LEAN": "auto",
+                 "VBS_CACHE_DIR": str(here / "serve-auto-cache")})
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+            _wait_ready(server, client, log)
+            x = np.random.default_rng(1).standard_normal((2, *SHAPE), dtype=np.float32)
+            got = _infer(client, x)
+            maps = Path(f"/proc/{server.pid}/maps").read_text()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    with torch.inference_mode():
+        assert np.allclose(got, model(torch.from_numpy(x)).numpy(), rtol=1e-4, atol=1e-4)
+    assert "served without torch" in log.read_text()
+    assert "libtorch" not in maps, "torch was imported by a server of a compiled model"
 
 
 def test_a_store_without_the_compiled_model_names_vbs_plan(tmp_path: Path) -> None:

@@ -1,0 +1,135 @@
+"""A compiled model's unit weights in a file of their own, out of the process's heap.
+
+Why: a worker without torch keeps every unit's graph, to compose any run a plan may call, and
+their weights sat in its heap beside the copy its sessions share (``core.runtimes.ort_weights``):
+each weight twice, for as long as the model stayed loaded. Written once, as the model is read,
+to a file that is unlinked at once (nothing is left behind, whatever ends the process), and
+read back one tensor at a time when a session is made, they are page cache, which the kernel
+drops under a memory limit before it kills anything, not memory the model keeps. The folder
+must be on a disk (a tmpfs would hold them in memory again): the server's cache directory.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import weakref
+
+import onnx
+
+LOCATION = "vbs-weights-file"  # what a moved tensor's external data names: this file
+_ALIGN = 64
+
+
+class WeightsFile:
+    """Tensors' bytes appended to an unlinked file in ``folder`` (``put``), read back by
+    offset (``read``); the file lives while this object does."""
+
+    def __init__(self, folder: str | os.PathLike[str] | None = None) -> None:
+        if folder is not None:
+            os.makedirs(folder, exist_ok=True)
+        fd, path = tempfile.mkstemp(prefix="vbs-weights-", dir=folder)
+        os.unlink(path)
+        self._fd = fd
+        self._end = 0
+        self._lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, os.close, fd)
+
+    @property
+    def nbytes(self) -> int:
+        return self._end
+
+    def put(self, raw: bytes) -> int:
+        """Append ``raw``; its offset."""
+        with self._lock:
+            offset = -(-self._end // _ALIGN) * _ALIGN
+            view = memoryview(raw)
+            done = 0
+            while done < len(view):
+                done += os.pwrite(self._fd, view[done:], offset + done)
+            self._end = offset + len(raw)
+        return offset
+
+    def read(self, offset: int, length: int) -> bytes:
+        """The ``length`` bytes at ``offset``."""
+        parts, done = [], 0
+        while done < length:
+            part = os.pread(self._fd, length - done, offset + done)
+            if not part:
+                raise OSError(f"the weights file ends at {offset + done}, before {offset + length}")
+            parts.append(part)
+            done += len(part)
+        _drop(self._fd, offset, length)  # read twice, they would count as the group's in use
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def settle(self) -> None:
+        """Write what ``put`` wrote to the disk and drop it from the page cache: a memory
+        cgroup counts written pages the kernel would keep (active) as in use."""
+        with self._lock:
+            os.fdatasync(self._fd)
+            _drop(self._fd, 0, 0)
+
+    def moved(self, model: onnx.ModelProto, min_bytes: int) -> onnx.ModelProto:
+        """``model`` with each initializer of ``min_bytes`` or more written here and named by
+        its place (``tensor_raw`` reads it); ``model`` itself is left as it is."""
+        out = onnx.ModelProto()
+        for field, value in model.ListFields():
+            if field.name != "graph":
+                _set(out, field, value)
+        for field, value in model.graph.ListFields():
+            if field.name != "initializer":
+                _set(out.graph, field, value)
+        for tensor in model.graph.initializer:
+            if not tensor.HasField("raw_data") or tensor_bytes(tensor) < min_bytes:
+                out.graph.initializer.add().CopyFrom(tensor)
+                continue
+            raw = tensor.raw_data
+            offset = self.put(raw)
+            shell = out.graph.initializer.add()
+            shell.name, shell.data_type = tensor.name, tensor.data_type
+            shell.dims.extend(tensor.dims)
+            shell.data_location = onnx.TensorProto.EXTERNAL
+            for k, v in (("location", LOCATION), ("offset", str(offset)),
+                         ("length", str(len(raw)))):
+                entry = shell.external_data.add()
+                entry.key, entry.value = k, v
+        return out
+
+    def tensor_raw(self, tensor: onnx.TensorProto) -> bytes:
+        """The bytes of a tensor ``moved`` wrote here."""
+        info = {e.key: e.value for e in tensor.external_data}
+        if info.get("location") != LOCATION:
+            raise ValueError(f"{tensor.name}: its bytes are not in this weights file")
+        return self.read(int(info["offset"]), int(info["length"]))
+
+
+def tensor_bytes(tensor: onnx.TensorProto) -> int:
+    """A tensor's bytes by its type and shape (a moved one's too)."""
+    size = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    count = 1
+    for d in tensor.dims:
+        count *= d
+    return size * count
+
+
+def is_moved(tensor: onnx.TensorProto) -> bool:
+    """Whether ``tensor``'s bytes are in a ``WeightsFile`` (``moved``)."""
+    return tensor.data_location == onnx.TensorProto.EXTERNAL and any(
+        e.key == "location" and e.value == LOCATION for e in tensor.external_data)
+
+
+def _drop(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to drop a range's clean pages from the page cache (0: to the end)."""
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+
+
+def _set(target: object, field: object, value: object) -> None:
+    name = field.name  # type: ignore[attr-defined]
+    if field.is_repeated:  # type: ignore[attr-defined]
+        getattr(target, name).extend(value)
+    elif field.message_type is not None:  # type: ignore[attr-defined]
+        getattr(target, name).CopyFrom(value)
+    else:
+        setattr(target, name, value)

@@ -1,0 +1,92 @@
+"""A compiled model's weights kept apart (``core.weights_file``) and runs composed without a
+copy of them (``UnitGraphs.compose_referring``): the graphs hold none of the large weights,
+the sessions made from them compute what sessions of the whole graph do, the blob written
+again is the blob read, and the file is gone from its folder from the start."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from onnx import numpy_helper
+
+from core.compiled import CompiledModel
+from core.loaded import ModelSpec
+from core.weights_file import WeightsFile, is_moved
+from planner.compile import compile_capture
+from planner.graph.capture import capture
+from planner.models import load_model
+
+ort = pytest.importorskip("onnxruntime")
+from core.runtimes.ort_sessions import session_options, start  # noqa: E402
+from core.runtimes.ort_weights import SharedWeights  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def compiled() -> tuple[CompiledModel, bytes]:
+    torch.manual_seed(0)
+    cap = capture(load_model(ModelSpec("resnet18", input_shape=(3, 32, 32))))
+    model = compile_capture(cap, "test")
+    return model, model.to_bytes()
+
+
+def _run(session: "ort.InferenceSession", x: np.ndarray) -> np.ndarray:
+    return session.run(None, {"x": x})[0]
+
+
+def test_moved_graphs_hold_no_large_weight_and_compute_the_same(compiled, tmp_path) -> None:
+    start()
+    whole, blob = compiled
+    apart = CompiledModel.from_bytes(blob, "test", weights_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []  # unlinked at once: nothing left behind
+    assert apart.weight_bytes() == whole.weight_bytes() > 40 * 2**20
+    assert apart.resident_weight_bytes() < 0.01 * apart.weight_bytes()
+    assert whole.resident_weight_bytes() == whole.weight_bytes()
+    children = apart.shapes.tree.children
+    x = np.random.default_rng(0).standard_normal((3, 3, 32, 32)).astype(np.float32)
+    want = _run(ort.InferenceSession(whole.graphs.compose(children).SerializeToString(),
+                                     session_options(2)), x)
+    # a copy composed from the moved graphs reads their bytes back
+    copied = apart.graphs.compose(children)
+    assert not any(map(is_moved, copied.graph.initializer))
+    assert np.array_equal(_run(ort.InferenceSession(copied.SerializeToString(),
+                                                    session_options(2)), x), want)
+    # composed referring: no weight's bytes in the run's graph, read as the session is made
+    run = apart.graphs.compose_referring(children, 1024)
+    assert run.weight_bytes == whole.weight_bytes()
+    assert run.model.ByteSize() < 0.01 * run.weight_bytes
+    assert set(run.sources) == {t.name for t in run.model.graph.initializer
+                                if not t.raw_data and not t.float_data}
+    shared = SharedWeights()
+    got = _run(shared.session(run.model, session_options(2), sources=run.sources), x)
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
+    # the same from graphs that hold their weights (compose_referring reads them there)
+    held = whole.graphs.compose_referring(children, 1024)
+    assert held.model.ByteSize() < 0.01 * held.weight_bytes
+    again = _run(SharedWeights().session(held.model, session_options(2), sources=held.sources),
+                 x)
+    assert np.array_equal(again, got)
+
+
+def test_a_moved_model_writes_the_blob_it_was_read_from(compiled, tmp_path) -> None:
+    whole, blob = compiled
+    apart = CompiledModel.from_bytes(blob, "test", weights_dir=tmp_path)
+    back = CompiledModel.from_bytes(apart.to_bytes(), "again")
+    for name, graph in whole.graphs.units.items():
+        again = back.graphs.units[name].graph
+        assert list(again.node) == list(graph.graph.node), name
+        assert [t.name for t in again.initializer] == [t.name for t in graph.graph.initializer]
+        for a, b in zip(again.initializer, graph.graph.initializer):
+            assert not is_moved(a)
+            assert np.array_equal(numpy_helper.to_array(a), numpy_helper.to_array(b)), a.name
+
+
+def test_the_file_reads_back_what_was_put_after_it_settled(tmp_path) -> None:
+    file = WeightsFile(tmp_path)
+    parts = [bytes([i]) * (1000 + 37 * i) for i in range(5)]
+    offsets = [file.put(p) for p in parts]
+    file.settle()
+    assert all(o % 64 == 0 for o in offsets)
+    assert [file.read(o, len(p)) for o, p in zip(offsets, parts)] == parts
+    with pytest.raises(OSError, match="ends at"):
+        file.read(offsets[-1], len(parts[-1]) + 1)
