@@ -66,6 +66,16 @@ def _no_torch(here: Path) -> dict[str, str]:
             "VBS_CACHE_DIR": str(here / "serve-cache")}
 
 
+def _serve(store: Path, port: int, log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """`vbs serve` of the planned model from ``store``, its output in ``log``."""
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "service.commands", "serve", "--model", f"lean={MODEL}{AT}",
+             "--store", str(store), "--port", str(port), "--grpc-port", "0",
+             "--batch-max", str(BATCH_MAX)],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env})
+
+
 def _infer(client: httpx.Client, x: np.ndarray) -> np.ndarray:
     body = {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
                         "data": x.ravel().tolist()}]}
@@ -79,14 +89,8 @@ def test_serves_from_the_store_without_torch(planned: tuple[Path, Path, torch.nn
     here, store, model = planned
     port = free_port()
     log = here / "serve.log"
-    with log.open("w") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "service.commands", "serve", "--model", f"lean={MODEL}{AT}",
-             "--store", str(store), "--port", str(port), "--grpc-port", "0",
-             "--batch-max", str(BATCH_MAX)],
-            # VBS_PIPELINE=on: its two stages hand torch tensors over, so not for this model
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-            env={**os.environ, **_no_torch(here), "VBS_PIPELINE": "on"})
+    # VBS_PIPELINE=on: its two stages hand torch tensors over, so not for this model
+    server = _serve(store, port, log, {**_no_torch(here), "VBS_PIPELINE": "on"})
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
             _wait_ready(server, client, log)
@@ -135,14 +139,8 @@ def test_where_torch_is_installed_a_compiled_model_is_served_without_importing_i
     here, store, model = planned
     port = free_port()
     log = here / "serve-auto.log"
-    with log.open("w") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "service.commands", "serve", "--model", f"lean={MODEL}{AT}",
-             "--store", str(store), "--port", str(port), "--grpc-port", "0",
-             "--batch-max", str(BATCH_MAX)],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(ROOT), "VBS_LEAN": "auto",
-                 "VBS_CACHE_DIR": str(here / "serve-auto-cache")})
+    server = _serve(store, port, log, {"PYTHONPATH": str(ROOT), "VBS_LEAN": "auto",
+                                       "VBS_CACHE_DIR": str(here / "serve-auto-cache")})
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
             _wait_ready(server, client, log)
