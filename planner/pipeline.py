@@ -153,18 +153,21 @@ def compile_served(store: PlanStore, model: Captured, prepared: Prepared, settin
                    select: Select | None = None) -> str | None:
     """What a worker without torch serves, stored: the compiled units and tables it can run
     (their id, or None where the model has no compiled form). Where the served table runs some
-    step on torch (``--runtime auto``: torch was a little faster there), those are the tables
-    ``--runtime onnxruntime`` gets, chosen again from the same measurements
-    (``chosen_again``: nothing is measured again) and stored under that fingerprint, which
-    the compiled model names; the model's own key keeps pointing at the served profile's.
+    step on torch (``--runtime auto``: torch was a little faster there; or a unit ONNX Runtime
+    takes only where nothing runs on torch, its layout not dense in the model), those are the
+    tables of every step on ONNX Runtime (``ProfileOptions.lean``), chosen again from the same
+    measurements (``chosen_again``: nothing is measured again) and stored under that
+    fingerprint, which the compiled model names; the model's own key keeps pointing at the
+    served profile's.
     ``replan``: those tables are solved again (the profile was measured or solved now);
     ``select``: as ``prepare``'s, for them too."""
     cap, fp = model.capture, model.fingerprint
     measured = model.options.runtimes_on(cap.model.device)
     why_not_compiled = compilable(cap)  # '' where it has a compiled form
     if (not why_not_compiled and runtimes.ONNXRUNTIME in measured
-            and model.options.runtime != runtimes.ONNXRUNTIME and _runs_torch(prepared.table)):
-        options = dataclasses.replace(model.options, runtime=runtimes.ONNXRUNTIME)
+            and not model.options.lean and _runs_torch(prepared.table)):
+        # every step on ONNX Runtime: the units refused only beside torch taken too
+        options = dataclasses.replace(model.options, runtime=runtimes.ONNXRUNTIME, lean=True)
         fp = fingerprint(cap, options)
         wanted = tuple(prepared.tables)
         if replan or read(store, fp, wanted, objective) is None:

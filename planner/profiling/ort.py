@@ -40,9 +40,9 @@ from core.runtimes.ort_memory import measure_workspaces
 from core.tree import Layer, Node, Parallel, Series, iter_layers, iter_nodes
 from planner.profiling.fit import fit_call
 from planner.profiling.measure import differs
-from planner.profiling.takes import closed, longest_runs
+from planner.profiling.takes import LAYOUT, closed, longest_runs
 
-__all__ = ["OrtProfile", "fit_call", "kernel_times", "median_times", "prepare"]
+__all__ = ["LAYOUT", "OrtProfile", "fit_call", "kernel_times", "median_times", "prepare"]
 
 @dataclass
 class _Profiled:
@@ -61,6 +61,9 @@ class OrtProfile:
     units: OrtUnits
     unsupported: dict[str, str]
     runs: tuple[tuple[Node, ...], ...]  # the longest runs of the root series it can take
+    # units (and blocks holding one) whose input or output is not dense in the model: measured
+    # here, and taken only where nothing runs on torch (``LAYOUT``)
+    layout: dict[str, str] = field(default_factory=dict)
 
     def supports(self, node: Node) -> bool:
         if node.name in self.unsupported:
@@ -205,18 +208,23 @@ def prepare(capture: Capture, checks: list[torch.Tensor]) -> OrtProfile | str:
     units = OrtUnits(capture)
     graphs = units.graphs
     unsupported = dict(graphs.failed)
+    layout: dict[str, str] = {}
     with torch.inference_mode(), MODULE_GATE.running():
         for x in checks:
-            _check(capture, units, graphs, x, unsupported)
+            _check(capture, units, graphs, x, unsupported, layout)
     # a block runs whole only if all it holds can
     unsupported = closed(capture.tree, unsupported, "it holds {}, which runs on torch")
-    return OrtProfile(units, unsupported, longest_runs(capture.tree, unsupported))
+    layout = {name: why for name, why in closed(
+        capture.tree, layout, LAYOUT + "it holds {}, whose layout is not dense").items()
+        if name not in unsupported}
+    return OrtProfile(units, unsupported, longest_runs(capture.tree, unsupported), layout)
 
 
 def _check(capture: Capture, units: OrtUnits, graphs: UnitGraphs, x: torch.Tensor,
-           unsupported: dict[str, str]) -> torch.Tensor:
+           unsupported: dict[str, str], layout: dict[str, str]) -> torch.Tensor:
     """Torch's output of the tree on ``x``; every unit and block ONNX Runtime differs on
-    (beyond tolerance) is added to ``unsupported``."""
+    (beyond tolerance) is added to ``unsupported``, every one whose input or output is not
+    dense in the model to ``layout`` (its values checked all the same)."""
 
     def compare(node: Node, x: torch.Tensor, want: torch.Tensor) -> None:
         got = units.run(node.name, node.name, x.contiguous(), units.output(node, x, x.shape[0]))
@@ -226,12 +234,14 @@ def _check(capture: Capture, units: OrtUnits, graphs: UnitGraphs, x: torch.Tenso
 
     def dense(node: Node, x: torch.Tensor, want: torch.Tensor) -> bool:
         for what, t in (("input", x), ("output", want)):
-            if not t.is_contiguous() and node.name not in unsupported:
-                unsupported[node.name] = (
-                    f"its {what} is not dense in the model (strides {tuple(t.stride())}: "
-                    "channels-last or a view); ONNX Runtime takes and gives dense tensors "
-                    "only, and a copy, or torch's next unit meeting another layout than "
-                    "profiled, would be memory the plan does not count")
+            if not t.is_contiguous() and node.name not in layout:
+                layout[node.name] = (
+                    f"{LAYOUT}its {what} is not dense in the model (strides "
+                    f"{tuple(t.stride())}: channels-last or a view); ONNX Runtime takes and "
+                    "gives dense tensors only, and beside torch a copy, or torch's next unit "
+                    "meeting another layout than profiled, would be memory the plan does not "
+                    "count (where every step is ONNX Runtime's, as in the worker without "
+                    "torch, it is taken)")
         return node.name not in unsupported
 
     def visit(node: Node, x: torch.Tensor) -> torch.Tensor:

@@ -34,6 +34,7 @@ from core.units import MODULE_GATE, Capture
 from core.runner import UnitRunner, run_node
 from planner.profiling.grid import batch_grid, fill_time, fill_workspace
 from planner.profiling.measure import CudaPeaks, PassTimer, cpu_memory_regions
+from planner.profiling.takes import LAYOUT, lifted
 from core.sizes import allocation, granule_for
 from core.tree import Layer, Measured, Node, Parallel, Profile, Series, iter_layers, \
     iter_nodes, load_profile, node_to_json, save_profile
@@ -51,6 +52,9 @@ class ProfileOptions:
     warmup: int = 2
     grid: bool = False
     runtime: str = runtimes.TORCH
+    # for the worker without torch: every step runs on ONNX Runtime, so the units refused only
+    # beside torch (their layout, ``planner.profiling.takes.LAYOUT``) are taken too
+    lean: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_max < 1:
@@ -85,7 +89,7 @@ def device_name(device: torch.device) -> str:
 # time apart from the host's, CUDA graphs' runs, ``planner.profiling.cudagraph``): a change
 # here changes profiles without changing any version above, so it re-measures cached ones.
 METHOD = 2
-ORT_METHOD = 5
+ORT_METHOD = 6
 CUDA_METHOD = 1
 
 
@@ -107,6 +111,8 @@ def fingerprint(capture: Capture, options: ProfileOptions) -> str:
         "runtimes": {name: runtimes.version(name) for name in measured},
         "method": METHOD,
     }
+    if options.lean:
+        key["lean"] = True
     if runtimes.ONNXRUNTIME in measured:
         key["onnxruntime_method"] = ORT_METHOD
     if capture.model.device.type == "cuda":
@@ -135,17 +141,29 @@ def _choose(layer: Layer, options: ProfileOptions, figures: dict[str, _Figures],
         only = figures[runtimes.TORCH]
         return dataclasses.replace(layer, time=tuple(fill_time(only.times[name], B)),
                                    ws=tuple(only.ws[name]))
+    refused = _refused(name, unsupported, options)
     measured = {rt: Measured(tuple(fill_time(f.times[name], B)), tuple(f.ws[name]))
-                for rt, f in figures.items() if name not in unsupported.get(rt, {})}
+                for rt, f in figures.items() if rt not in refused or
+                refused[rt].startswith(LAYOUT)}  # (measured: kept for the lean tables)
+    allowed = {rt: m for rt, m in measured.items() if rt not in refused}
+    return dataclasses.replace(_chosen(layer, allowed, options.runtime, B, measured),
+                               unsupported=tuple(refused.items()))
 
-    return dataclasses.replace(
-        _chosen(layer, measured, options.runtime, B),
-        unsupported=tuple((rt, why[name]) for rt, why in unsupported.items() if name in why))
+
+def _refused(name: str, unsupported: dict[str, dict[str, str]],
+             options: ProfileOptions) -> dict[str, str]:
+    """Why each runtime cannot take node ``name`` (its layout no reason where ``lean``)."""
+    refused = {rt: why[name] for rt, why in unsupported.items() if name in why}
+    return dict(lifted(tuple(refused.items()))) if options.lean else refused
 
 
-def _chosen(layer: Layer, measured: dict[str, Measured], runtime: str, batch_max: int) -> Layer:
+def _chosen(layer: Layer, measured: dict[str, Measured], runtime: str, batch_max: int,
+            kept: dict[str, Measured] | None = None) -> Layer:
     """``layer`` with, per b, the runtime its ``time``/``ws`` are of: ``runtime`` wherever it
-    measured the unit (a named one), else the fastest; torch on a tie (the one rule)."""
+    measured the unit (a named one), else the fastest; torch on a tie (the one rule). Its
+    ``runtimes`` are ``kept`` (default ``measured``): a runtime refused for its layout keeps
+    its figures beside the refusal."""
+    kept = measured if kept is None else kept
     chosen = []
     for b in range(1, batch_max + 1):
         if runtime not in ("auto", runtimes.TORCH) and runtime in measured:
@@ -156,7 +174,7 @@ def _chosen(layer: Layer, measured: dict[str, Measured], runtime: str, batch_max
     return dataclasses.replace(
         layer, time=tuple(measured[rt].time[b - 1] for b, rt in enumerate(chosen, start=1)),
         ws=tuple(measured[rt].ws[b - 1] for b, rt in enumerate(chosen, start=1)),
-        runtimes=tuple((rt, measured[rt]) for rt in runtimes.RUNTIMES if rt in measured),
+        runtimes=tuple((rt, kept[rt]) for rt in runtimes.RUNTIMES if rt in kept),
         runtime=tuple(chosen))
 
 
@@ -169,18 +187,23 @@ def chosen_again(profile: Profile, capture: Capture, options: ProfileOptions) ->
         raise UsageError(f"profile {profile.fingerprint} did not measure every runtime of "
                          f"--runtime {options.runtime}")
 
+    def refusals(node: Layer | Parallel) -> tuple[tuple[str, str], ...]:
+        return lifted(node.unsupported) if options.lean else node.unsupported
+
     def again(node: Node) -> Node:
         if isinstance(node, Layer):
             if not node.runtimes:
                 return node
-            measured = {rt: m for rt, m in node.runtimes}
-            unsupported = dict(node.unsupported)
-            measured = {rt: m for rt, m in measured.items() if rt not in unsupported}
+            kept = dict(node.runtimes)
+            unsupported = dict(refusals(node))
+            measured = {rt: m for rt, m in kept.items() if rt not in unsupported}
             return dataclasses.replace(_chosen(node, measured, options.runtime,
-                                               profile.batch_max), unsupported=node.unsupported)
+                                               profile.batch_max, kept),
+                                       unsupported=tuple(unsupported.items()))
         if isinstance(node, Series):
             return dataclasses.replace(node, children=tuple(again(c) for c in node.children))
-        return dataclasses.replace(node, branches=tuple(again(b) for b in node.branches))
+        return dataclasses.replace(node, branches=tuple(again(b) for b in node.branches),
+                                   unsupported=refusals(node))
 
     meta = {**profile.meta, "runtime": options.runtime,
             "fingerprint": fingerprint(capture, options), "chosen_from": profile.fingerprint}
@@ -196,13 +219,14 @@ def _fill(node: Node, options: ProfileOptions, figures: dict[str, _Figures],
             _fill(c, options, figures, unsupported) for c in node.children))
     B = options.batch_max
     folds = {rt: tuple(fill_time(f.times[node.name], B)) for rt, f in figures.items()}
-    extra = [rt for rt in folds if rt != runtimes.TORCH and node.name not in unsupported.get(rt, {})]
+    refused = _refused(node.name, unsupported, options)
+    extra = [rt for rt in folds if rt != runtimes.TORCH and
+             (rt not in refused or refused[rt].startswith(LAYOUT))]
     return dataclasses.replace(
         node, time=folds[runtimes.TORCH],
         branches=tuple(_fill(b, options, figures, unsupported) for b in node.branches),
         runtimes=tuple((rt, Measured(folds[rt])) for rt in extra) if len(figures) > 1 else (),
-        unsupported=tuple((rt, why[node.name]) for rt, why in unsupported.items()
-                          if node.name in why))
+        unsupported=tuple(refused.items()))
 
 
 def _ort_figures(ort: Any, profiled: list[Any], figures: dict[str, _Figures],
@@ -315,7 +339,8 @@ class _Runtimes:
             rts.unavailable = prepared
             return rts
         rts.ort = prepared
-        rts.unsupported[runtimes.ONNXRUNTIME] = dict(prepared.unsupported)
+        # refused for their layout too (measured all the same: ``_choose`` keeps the figures)
+        rts.unsupported[runtimes.ONNXRUNTIME] = {**prepared.layout, **prepared.unsupported}
         rts.runners[runtimes.ONNXRUNTIME] = prepared.runner()
         rts.profiled = prepared.profiled_sessions()
         return rts

@@ -11,6 +11,18 @@ from __future__ import annotations
 from core.tree import Node, Parallel, Series, iter_nodes
 
 
+# how a reason a unit or block is refused for its layout begins (``planner.profiling.ort``:
+# its input or output is not dense in the model): ONNX Runtime computes it right, and it is
+# refused only beside torch; ``planner.profiling.profiler.chosen_again`` lifts it for the
+# tables of the worker without torch (``ProfileOptions.lean``)
+LAYOUT = "layout: "
+
+
+def lifted(unsupported: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """A node's refusals without those of its layout."""
+    return tuple((rt, why) for rt, why in unsupported if not why.startswith(LAYOUT))
+
+
 def closed(tree: Series, unsupported: dict[str, str], why: str) -> dict[str, str]:
     """``unsupported`` with every block that holds a node in it (``why`` formats the reason
     from that node's name)."""

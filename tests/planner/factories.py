@@ -219,3 +219,22 @@ class PlannerGatedTwoLayer(TwoLayer):
 
 def planner_gated_two_layer() -> nn.Module:
     return PlannerGatedTwoLayer()
+
+
+class ChannelsLastNorm(nn.Module):
+    """ConvNeXt's LayerNorm2d: a LayerNorm over channels, computed channels-last and given
+    back as a permuted view (its output is not dense in the model)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+def channels_last_norm() -> nn.Module:
+    """A stem whose normalised output is channels-last in the model, as ConvNeXt's: units ONNX
+    Runtime computes right but takes only where nothing runs on torch."""
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), ChannelsLastNorm(16),
+                         nn.Conv2d(16, 16, 1), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 8 * 8, 10))

@@ -74,7 +74,7 @@ def test_a_profile_that_chose_torch_gets_tables_the_worker_without_torch_runs(
         assert cid is not None
         compiled = CompiledModel.from_bytes(store.get_compiled(cid), cid)
         lean_fp = str(compiled.meta["fingerprint"])
-        ort_options = dataclasses.replace(model.options, runtime=runtimes.ONNXRUNTIME)
+        ort_options = dataclasses.replace(model.options, runtime=runtimes.ONNXRUNTIME, lean=True)
         assert lean_fp == fingerprint(model.capture, ort_options) != model.fingerprint
         # the served profile's table runs torch steps: the worker without torch refuses it
         assert ArrayModel(compiled, profile.root, model.fingerprint).unrunnable(tables["vbs"])
@@ -170,3 +170,49 @@ def test_the_served_factor_is_the_measured_one_with_its_margin_within_the_bound(
 def test_unreadable_load_figures_name_the_fix(data: bytes) -> None:
     with pytest.raises(TableFormatError, match="vbs plan"):
         LoadCost.from_bytes(data, "load figures of x")
+
+
+def test_units_refused_beside_torch_for_their_layout_run_in_the_tables_without_torch(
+        tmp_path: Path) -> None:
+    """A unit whose input or output is channels-last in the model (ConvNeXt's LayerNorm2d) is
+    measured on ONNX Runtime and refused only beside torch: the model's own tables run it on
+    torch, the compiled model's (every step on ONNX Runtime) run it there, and the worker
+    without torch serves them, its outputs equal to ``model(x)``."""
+    import numpy as np
+    import torch
+
+    from core.runs import supports
+    from planner.models import load_model
+    from planner.profiling.takes import LAYOUT
+    from planner.stored import read
+    from tests.planner.factories import channels_last_norm
+
+    name, served, store = "tests.planner.factories:channels_last_norm", "cl", str(tmp_path / "s")
+    torch.manual_seed(0)
+    weights = tmp_path / "w.pt"
+    torch.save(channels_last_norm().state_dict(), weights)
+    assert main(["plan", "--model", f"{served}={name}@3x8x8", "--weights", str(weights),
+                 "--batch-max", "2", "--store", store, "--cache-dir", str(tmp_path / "cache"),
+                 "--quiet"]) == 0
+    spec = ModelSpec(name, input_shape=SHAPE, weights=weights)
+    with open_store(store) as st:
+        lean = read_compiled(st, served, spec, "vbs", "time")
+        found = read(st, str(lean.profile.meta["chosen_from"]), ("vbs",), "time", repair=False)
+    assert found is not None
+    own = found[0]
+    norm = next(n for n in iter_layers(own.root) if n.name == "1.norm")
+    assert dict(norm.unsupported)[runtimes.ONNXRUNTIME].startswith(LAYOUT)
+    assert norm.measured(runtimes.ONNXRUNTIME) is not None  # measured all the same
+    assert not supports(norm, runtimes.ONNXRUNTIME)
+    assert lean.fingerprint != own.fingerprint and lean.profile.meta.get("chosen_from")
+    assert all(supports(n, runtimes.ONNXRUNTIME) for n in iter_layers(lean.profile.root))
+    model = ArrayModel(lean.compiled, lean.profile.root, lean.fingerprint)
+    table = lean.tables["vbs"]
+    assert model.unrunnable(table) == ""
+    worker = Worker(model, table, MemoryProbe("cpu"), name=served)
+    x = np.random.default_rng(0).standard_normal((2, *SHAPE), dtype=np.float32)
+    got, _ = worker.infer(x)
+    with torch.inference_mode():
+        want = load_model(spec).module(torch.from_numpy(x)).numpy()
+    worker.release()
+    assert np.allclose(got, want, rtol=1e-4, atol=1e-4), np.abs(got - want).max()
