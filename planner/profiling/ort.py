@@ -1,11 +1,13 @@
 """Profiling ONNX Runtime beside torch: which units it takes, and what they cost in a run.
 
-A unit is ONNX Runtime's when its graph exported, its outputs equal torch's on real
-activations (at two batch sizes) and its input and output are dense there: ONNX Runtime binds
-dense tensors only, so a channels-last input would need a copy before each call, and a dense
-output where the model has a channels-last one would give torch's next unit another layout
-than profiled (other kernels, other workspaces): memory the executor's walk does not count. A
-block, when its whole run does too.
+A unit is ONNX Runtime's when its graph exported and its outputs equal torch's on real
+activations (at two batch sizes). Beside torch, only where its input and output are dense
+there too: ONNX Runtime binds dense tensors only, so a channels-last input would need a copy
+before each call, and a dense output where the model has a channels-last one would give
+torch's next unit another layout than profiled (other kernels, other workspaces): memory the
+executor's walk does not count. Such a unit is measured all the same and refused for its
+``LAYOUT`` alone, which the tables of the worker without torch lift (every step there is
+ONNX Runtime's, on dense arrays). A block, when its whole run does too.
 
 What a unit costs depends on the run it is in: ONNX Runtime fuses across units, keeps its
 blocked layout between them, and binds and dispatches once per call. So a unit's time is its
