@@ -313,9 +313,9 @@ class OrtSessions:
                     self._seen = max(self._seen, (status_bytes("VmHWM") - composing) / weights)
                 # what the process grew by, less the weights it added to the shared ones
                 # (counted once, in held_bytes), and at least its graph, which it copies (the
-                # weights too small to share among them): where it reused pages freed before,
-                # the growth shows less than the session keeps
-                grown = max(self._weights.last_graph_bytes,
+                # weights too small to share among them), and the weights it packs and owns:
+                # where it reused pages freed before, the growth shows less than it keeps
+                grown = max(self._weights.last_graph_bytes + self._weights.last_packed_bytes,
                             status_bytes("VmRSS") - before - self._weights.last_new_bytes)
                 found = self._runs[key] = _Run(session, threading.local(), held=grown)
             found.used = next(self._clock)

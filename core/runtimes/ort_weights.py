@@ -11,6 +11,11 @@ tensors per graph; the same weight reordered alike is the same bytes in every ru
 the optimised graph at ORT_DISABLE_ALL on those buffers. The stripped graph is cached by the
 run's structure, so a session made again is not optimised again.
 
+The weights ONNX Runtime packs into a layout of its own as a session is made (the B of a
+MatMul or Gemm: most of alexnet's, ConvNeXt's pointwise layers) are not shared: shared, the
+original stayed beside the packed copy, the weights twice; given to the session as its own
+(from a file in the same folder, read as it is made) it frees them once packed.
+
 Limits: the optimised graph is this CPU's (never stored); weights under ``min_bytes`` and the
 packed copies of MatMul/Gemm weights stay per session; buffers live as long as the
 ``SharedWeights`` and every session made on it (each keeps a reference to it); CPU only.
@@ -41,6 +46,8 @@ _MAP_ALIGN = 1 << 16  # an offset ONNX Runtime maps external data at (its alloca
 _FOLDER = "session.model_external_initializers_file_folder_path"
 _OUT_FILE = "session.optimized_model_external_initializers_file_name"
 _OUT_MIN = "session.optimized_model_external_initializers_min_size_in_bytes"
+_PACKED = "packed-weights.bin"  # the weights sessions pack (``_packed_inputs``), read as made
+_PACKS = frozenset({"MatMul", "Gemm", "FusedMatMul", "FusedGemm"})
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,7 @@ class _Graph:
 
     proto: bytes
     weights: tuple[tuple[str, bytes], ...]  # initializer name -> content key
+    packed: int = 0  # bytes of the weights its session packs and owns
 
 
 class SharedWeights:
@@ -60,17 +68,37 @@ class SharedWeights:
         self.min_bytes = min_bytes
         self._tensors: dict[bytes, tuple[np.ndarray, ort.OrtValue]] = {}
         self._graphs: dict[tuple[bytes, int], _Graph] = {}
+        self._packed: dict[bytes, int] = {}  # content -> its offset in the packed weights' file
         self._lock = threading.Lock()
         self._dir = tempfile.mkdtemp(prefix="vbs-ort-weights-")
         open(os.path.join(self._dir, _PLACEHOLDER), "wb").close()
         self._finalizer = weakref.finalize(self, shutil.rmtree, self._dir, True)
         self.last_new_bytes = 0  # bytes the last ``session`` call added to the buffers
         self.last_graph_bytes = 0  # the last session's graph: what it copies (small weights too)
+        self.last_packed_bytes = 0  # the weights the last session packed and owns
 
     @property
     def held_bytes(self) -> int:
         """Bytes of the distinct weights held (once, whatever the number of sessions)."""
         return sum(array.nbytes for array, _ in list(self._tensors.values()))
+
+    def _put_packed(self, array: np.ndarray, content: bytes) -> int:
+        """A weight a session packs, in the file its sessions read it from (once, by
+        content); its offset (aligned for mapping)."""
+        if content not in self._packed:
+            with open(os.path.join(self._dir, _PACKED), "ab") as out:
+                offset = -(-out.tell() // _MAP_ALIGN) * _MAP_ALIGN
+                out.write(b"\0" * (offset - out.tell()))
+                out.write(memoryview(array.reshape(-1).view(np.uint8)))
+            self._packed[content] = offset
+        return self._packed[content]
+
+    @property
+    def packed_bytes(self) -> int:
+        """Bytes of the distinct weights the sessions pack and own (in a file until then)."""
+        with self._lock:
+            path = os.path.join(self._dir, _PACKED)
+            return os.path.getsize(path) if self._packed and os.path.exists(path) else 0
 
     @property
     def tensors(self) -> int:
@@ -102,6 +130,7 @@ class SharedWeights:
                                                                         sources or {})
             self.last_new_bytes = self.held_bytes - before
             self.last_graph_bytes = len(graph.proto)
+            self.last_packed_bytes = graph.packed
             for name, content in graph.weights:
                 options.add_initializer(name, self._tensors[content][1])
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -138,20 +167,34 @@ class SharedWeights:
                                      providers=list(providers))
                 optimised = onnx.load(path, load_external_data=False)
             named: list[tuple[str, bytes]] = []
+            packed, owned = _packed_inputs(optimised.graph), 0
             for tensor in optimised.graph.initializer:
                 if tensor.data_location != onnx.TensorProto.EXTERNAL:
                     continue
                 info = {e.key: e.value for e in tensor.external_data}
                 array = _read(os.path.join(work, info["location"]), int(info.get("offset", 0)),
                               tensor)
+                if tensor.name in packed:  # the session's own: packed, its bytes given back
+                    _refer(tensor, _PACKED, self._put_packed(array, _content(array)),
+                           array.nbytes)
+                    owned += array.nbytes
+                    continue
                 content = _content(array)
                 if content not in self._tensors:
                     self._tensors[content] = (array, ort.OrtValue.ortvalue_from_numpy(array))
                 named.append((tensor.name, content))
                 _refer(tensor, _PLACEHOLDER, 0, array.nbytes)
-            return _Graph(optimised.SerializeToString(), tuple(named))
+            return _Graph(optimised.SerializeToString(), tuple(named), owned)
         finally:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _packed_inputs(graph: onnx.GraphProto) -> set[str]:
+    """The weights ONNX Runtime packs into a layout of its own as a session is made (the B of
+    a MatMul or Gemm): given to the session as its own, it frees them once packed; shared
+    (``add_initializer``), they stay beside the packed copy, the weights twice."""
+    return {node.input[1] for node in graph.node
+            if node.op_type in _PACKS and len(node.input) > 1}
 
 
 def _externalised(model: onnx.ModelProto, folder: str, name: str, min_bytes: int,
