@@ -30,6 +30,7 @@ class WeightsFile:
         if folder is not None:
             os.makedirs(folder, exist_ok=True)
         fd, path = tempfile.mkstemp(prefix="vbs-weights-", dir=folder)
+        self.folder = os.path.dirname(path)  # where it was made (files beside it may go there)
         os.unlink(path)
         self._fd = fd
         self._end = 0

@@ -213,8 +213,11 @@ class OrtSessions:
         self._index = TreeIndex.of(graphs.shapes.tree)
         self._run_options = run_options(arena)
         self._room = room  # bytes free now, read before a session is made (None: not read)
-        # every weight once for all the runs' sessions (``core.runtimes.ort_weights``)
-        self._weights = SharedWeights()
+        # every weight once for all the runs' sessions (``core.runtimes.ort_weights``), its
+        # files beside the graphs' weights file where they have one (a disk: the cache
+        # directory), not in the temporary directory (a tmpfs in the containers: memory)
+        self._folder = graphs.weights.folder if graphs.weights is not None else None
+        self._weights = SharedWeights(folder=self._folder)
         self._making = 0  # the most a session asked to be free before it was made
         # what a session asks free per byte of its weights (``served_factor``; None: the bound)
         self.making_factor = float(making_factor) if making_factor else float(SESSION_GROWTH)
@@ -274,7 +277,7 @@ class OrtSessions:
         with self._lock:
             self._runs.clear()
             # a new set: a call still running keeps its session, which keeps the old one
-            self._weights = SharedWeights()
+            self._weights = SharedWeights(folder=self._folder)
         gc.collect()
 
     def _run(self, first: str, last: str) -> _Run:
@@ -340,7 +343,7 @@ class OrtSessions:
         while self._room() < need and self._runs:
             self._evict()
             if not self._runs:  # the shared weights too (a call still running keeps its own)
-                self._weights = SharedWeights()
+                self._weights = SharedWeights(folder=self._folder)
             gc.collect()
         if self._room() < need:
             self._raise_short(first, last, need)

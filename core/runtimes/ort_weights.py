@@ -64,13 +64,14 @@ class SharedWeights:
     sessions made on them (``session``). Keep it as long as any of its sessions: each
     session keeps a reference to it too."""
 
-    def __init__(self, *, min_bytes: int = 1024) -> None:
+    def __init__(self, *, min_bytes: int = 1024, folder: str | None = None) -> None:
         self.min_bytes = min_bytes
         self._tensors: dict[bytes, tuple[np.ndarray, ort.OrtValue]] = {}
         self._graphs: dict[tuple[bytes, int], _Graph] = {}
         self._packed: dict[bytes, int] = {}  # content -> its offset in the packed weights' file
         self._lock = threading.Lock()
-        self._dir = tempfile.mkdtemp(prefix="vbs-ort-weights-")
+        # its files (the graphs optimised, the weights sessions pack), in ``folder`` if given
+        self._dir = tempfile.mkdtemp(prefix="vbs-ort-weights-", dir=folder)
         open(os.path.join(self._dir, _PLACEHOLDER), "wb").close()
         self._finalizer = weakref.finalize(self, shutil.rmtree, self._dir, True)
         self.last_new_bytes = 0  # bytes the last ``session`` call added to the buffers

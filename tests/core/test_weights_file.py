@@ -90,3 +90,19 @@ def test_the_file_reads_back_what_was_put_after_it_settled(tmp_path) -> None:
     assert [file.read(o, len(p)) for o, p in zip(offsets, parts)] == parts
     with pytest.raises(OSError, match="ends at"):
         file.read(offsets[-1], len(parts[-1]) + 1)
+
+
+def test_the_sessions_files_go_beside_the_weights_file(compiled, tmp_path) -> None:
+    """The files a model's sessions are made from (the optimised graphs, the weights a session
+    packs) go to the weights file's folder, a disk (the cache directory), not the temporary
+    directory, which is a tmpfs (memory) in the containers."""
+    from core.runtimes.ort_sessions import OrtSessions
+
+    start()
+    _, blob = compiled
+    apart = CompiledModel.from_bytes(blob, "test", weights_dir=tmp_path)
+    units = OrtSessions(apart.graphs, 2)
+    units.prepare(tuple(apart.shapes.tree.children), 1)
+    made = [p for p in tmp_path.iterdir() if p.name.startswith("vbs-ort-weights-")]
+    assert len(made) == 1 and any(made[0].iterdir())  # the classifier's packed weights
+    units.release()
