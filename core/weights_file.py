@@ -15,6 +15,7 @@ import os
 import tempfile
 import threading
 import weakref
+from typing import Any
 
 import onnx
 
@@ -75,12 +76,8 @@ class WeightsFile:
         """``model`` with each initializer of ``min_bytes`` or more written here and named by
         its place (``tensor_raw`` reads it); ``model`` itself is left as it is."""
         out = onnx.ModelProto()
-        for field, value in model.ListFields():
-            if field.name != "graph":
-                _set(out, field, value)
-        for field, value in model.graph.ListFields():
-            if field.name != "initializer":
-                _set(out.graph, field, value)
+        copy_fields(model, out, skip="graph")
+        copy_fields(model.graph, out.graph, skip="initializer")
         for tensor in model.graph.initializer:
             if not tensor.HasField("raw_data") or tensor_bytes(tensor) < min_bytes:
                 out.graph.initializer.add().CopyFrom(tensor)
@@ -90,11 +87,7 @@ class WeightsFile:
             shell = out.graph.initializer.add()
             shell.name, shell.data_type = tensor.name, tensor.data_type
             shell.dims.extend(tensor.dims)
-            shell.data_location = onnx.TensorProto.EXTERNAL
-            for k, v in (("location", LOCATION), ("offset", str(offset)),
-                         ("length", str(len(raw)))):
-                entry = shell.external_data.add()
-                entry.key, entry.value = k, v
+            refer(shell, LOCATION, offset, len(raw))
         return out
 
     def tensor_raw(self, tensor: onnx.TensorProto) -> bytes:
@@ -126,11 +119,24 @@ def _drop(fd: int, offset: int, length: int) -> None:
         os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
 
 
-def _set(target: object, field: object, value: object) -> None:
-    name = field.name  # type: ignore[attr-defined]
-    if field.is_repeated:  # type: ignore[attr-defined]
-        getattr(target, name).extend(value)
-    elif field.message_type is not None:  # type: ignore[attr-defined]
-        getattr(target, name).CopyFrom(value)
-    else:
-        setattr(target, name, value)
+def refer(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    """Make ``tensor`` external data at ``location`` (its bytes dropped from the graph)."""
+    tensor.ClearField("raw_data")
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for k, v in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = k, v
+
+
+def copy_fields(source: Any, target: Any, *, skip: str) -> None:
+    """Every field of the message ``source`` set on ``target`` too, but ``skip``."""
+    for field, value in source.ListFields():
+        if field.name == skip:
+            continue
+        if field.is_repeated:
+            getattr(target, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(target, field.name).CopyFrom(value)
+        else:
+            setattr(target, field.name, value)

@@ -32,11 +32,12 @@ import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+
+from core.weights_file import copy_fields, refer, tensor_bytes
 
 # where a weight that a session gets by add_initializer is said to be: an empty file that
 # ONNX Runtime checks is there but never reads (the tensor is the caller's)
@@ -176,7 +177,7 @@ class SharedWeights:
                 array = _read(os.path.join(work, info["location"]), int(info.get("offset", 0)),
                               tensor)
                 if tensor.name in packed:  # the session's own: packed, its bytes given back
-                    _refer(tensor, _PACKED, self._put_packed(array, _content(array)),
+                    refer(tensor, _PACKED, self._put_packed(array, _content(array)),
                            array.nbytes)
                     owned += array.nbytes
                     continue
@@ -184,7 +185,7 @@ class SharedWeights:
                 if content not in self._tensors:
                     self._tensors[content] = (array, ort.OrtValue.ortvalue_from_numpy(array))
                 named.append((tensor.name, content))
-                _refer(tensor, _PLACEHOLDER, 0, array.nbytes)
+                refer(tensor, _PLACEHOLDER, 0, array.nbytes)
             return _Graph(optimised.SerializeToString(), tuple(named), owned)
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -205,12 +206,12 @@ def _externalised(model: onnx.ModelProto, folder: str, name: str, min_bytes: int
     weights are never copied whole: one tensor's bytes at a time); a shell's bytes are its
     tensor's in ``sources``, read one at a time."""
     shell = onnx.ModelProto()
-    _copy_fields(model, shell, skip="graph")
-    _copy_fields(model.graph, shell.graph, skip="initializer")
+    copy_fields(model, shell, skip="graph")
+    copy_fields(model.graph, shell.graph, skip="initializer")
     with open(os.path.join(folder, name), "wb") as out:
         for tensor in model.graph.initializer:
             read = sources.get(tensor.name)
-            if read is None and (_nbytes(tensor) < min_bytes or not tensor.raw_data):
+            if read is None and (tensor_bytes(tensor) < min_bytes or not tensor.raw_data):
                 shell.graph.initializer.add().CopyFrom(tensor)
                 continue
             raw = read() if read is not None else tensor.raw_data
@@ -220,22 +221,9 @@ def _externalised(model: onnx.ModelProto, folder: str, name: str, min_bytes: int
             moved = shell.graph.initializer.add()
             moved.name, moved.data_type = tensor.name, tensor.data_type
             moved.dims.extend(tensor.dims)
-            _refer(moved, name, offset, len(raw))
+            refer(moved, name, offset, len(raw))
             del raw
     return shell
-
-
-def _copy_fields(source: Any, target: Any, *, skip: str) -> None:
-    """Every field of the message ``source`` set on ``target`` too, but ``skip``."""
-    for field, value in source.ListFields():
-        if field.name == skip:
-            continue
-        if field.is_repeated:
-            getattr(target, field.name).extend(value)
-        elif field.message_type is not None:
-            getattr(target, field.name).CopyFrom(value)
-        else:
-            setattr(target, field.name, value)
 
 
 def _structure(model: onnx.ModelProto) -> bytes:
@@ -250,15 +238,10 @@ def _structure(model: onnx.ModelProto) -> bytes:
     return h.digest()
 
 
-def _nbytes(tensor: onnx.TensorProto) -> int:
-    size = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-    return size * int(np.prod(tensor.dims, dtype=np.int64))
-
-
 def _read(path: str, offset: int, tensor: onnx.TensorProto) -> np.ndarray:
     """The tensor's bytes from ``path`` at ``offset`` into a buffer of its own, aligned."""
     dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
-    nbytes = _nbytes(tensor)
+    nbytes = tensor_bytes(tensor)
     raw = np.empty(nbytes + _ALIGN, np.uint8)
     start = -raw.ctypes.data % _ALIGN
     flat = raw[start:start + nbytes]
@@ -274,13 +257,3 @@ def _content(array: np.ndarray) -> bytes:
     h.update(f"{array.dtype.str}:{array.shape};".encode())
     h.update(memoryview(array.reshape(-1).view(np.uint8)))
     return h.digest()
-
-
-def _refer(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
-    """Make ``tensor`` external data at ``location`` (its bytes dropped from the graph)."""
-    tensor.ClearField("raw_data")
-    del tensor.external_data[:]
-    tensor.data_location = onnx.TensorProto.EXTERNAL
-    for k, v in (("location", location), ("offset", str(offset)), ("length", str(length))):
-        entry = tensor.external_data.add()
-        entry.key, entry.value = k, v
