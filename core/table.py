@@ -21,6 +21,7 @@ import bisect
 import json
 import math
 import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +82,44 @@ class TableRow:
     plans: np.ndarray  # int64 index into PlanTable.plans
 
 
+@dataclass(frozen=True)
+class Measurements:
+    """What `vbs plan`'s measured selection ran to choose a table's rows
+    (``planner.solver.selection``): every plan's seconds per round by plan id (those that gave
+    way and fbs-best's too) and the margin it chose by. Kept with the table, so that `vbs
+    solve`, given the profile and these, chooses as the table did and says the same time."""
+
+    margin: float
+    rounds: tuple[tuple[str, tuple[float, ...]], ...]  # (plan id, seconds per round), sorted
+
+    @classmethod
+    def of(cls, margin: float, seconds: Mapping[str, Sequence[float]]) -> Measurements:
+        return cls(float(margin), tuple(sorted((str(k), tuple(float(t) for t in v))
+                                               for k, v in seconds.items() if v)))
+
+    @property
+    def seconds(self) -> dict[str, tuple[float, ...]]:
+        return dict(self.rounds)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"margin": self.margin, "rounds": {k: list(v) for k, v in self.rounds}}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Measurements:
+        """From ``to_json``'s object; ValueError naming what is wrong."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("rounds"), dict):
+            raise ValueError("measurements must be an object with 'margin' and 'rounds' "
+                             "(plan id -> seconds per round)")
+        margin = raw.get("margin")
+        if not isinstance(margin, (int, float)) or not 0 <= margin < 1:
+            raise ValueError(f"measurements: margin must be a fraction in [0, 1), got {margin!r}")
+        for key, times in raw["rounds"].items():
+            if not isinstance(times, list) or not times or not all(
+                    isinstance(t, (int, float)) and t > 0 for t in times):
+                raise ValueError(f"measurements: plan {key!r} must have a list of seconds > 0")
+        return cls.of(margin, raw["rounds"])
+
+
 @dataclass(frozen=True, eq=False)
 class PlanTable:
     """Every request size's plans at every budget, for one profile, solver and objective."""
@@ -95,6 +134,8 @@ class PlanTable:
     plans: tuple[TablePlan, ...]
     rows: tuple[TableRow, ...]  # rows[r - 1]
     runtimes: tuple[str, ...] = ()  # the runtimes steps name (core.runtimes); () = none
+    # what `vbs plan` measured to choose the rows (None: the rows are as solved)
+    measurements: Measurements | None = None
     # (batch_max,) int64: the least memory any plan of r samples needs, at index r - 1
     min_peaks: np.ndarray = field(init=False, repr=False, compare=False)
     _programs: LRU[Program] = field(default_factory=lambda: LRU(_PROGRAM_CACHE), init=False,
@@ -243,6 +284,7 @@ class PlanTable:
                       for p in self.plans],
             "rows": [{"r": r + 1, "peaks": row.peaks.tolist(), "plans": row.plans.tolist()}
                      for r, row in enumerate(self.rows)],
+            **({"measurements": self.measurements.to_json()} if self.measurements else {}),
         }
 
     def to_bytes(self) -> bytes:
@@ -295,10 +337,13 @@ class PlanTable:
             plans = [_plan_from_json(p, len(units), len(runtimes)) for p in raw["plans"]]
             rows = [TableRow(np.asarray(row["peaks"], dtype=np.int64),
                              np.asarray(row["plans"], dtype=np.int64)) for row in raw["rows"]]
+            measured = raw.get("measurements")
             table = cls(fingerprint=str(raw["fingerprint"]), solver=str(raw["solver"]),
                         objective=str(raw["objective"]), slot_bytes=int(raw["slot_bytes"]),
                         granule=int(raw["granule"]), batch_max=int(raw["batch_max"]),
-                        units=units, plans=tuple(plans), rows=tuple(rows), runtimes=runtimes)
+                        units=units, plans=tuple(plans), rows=tuple(rows), runtimes=runtimes,
+                        measurements=Measurements.from_json(measured) if measured is not None
+                        else None)
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise TableFormatError(f"plan table is malformed ({exc!r}): rebuild it with `vbs plan`") from exc
         problem = _check(table)

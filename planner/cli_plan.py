@@ -4,6 +4,7 @@
     vbs show --model NAME --memory 10MB:60MB:10MB --batch 12      (a sweep over budgets)
     vbs show --model NAME [--model ...] --html plans.html [--batch 12]  (the page, one file)
     vbs show --profile resnet50.json --html plans.html                 (from a profile alone)
+    vbs show --model NAME --export-table T.json --export-profile P.json (for `vbs solve --table`)
 
 ``show`` prints, from the tables `vbs plan` stored, the plan for a budget and request size of
 every strategy side by side, vbs's gain over each (the headline against fbs-best), and per
@@ -83,6 +84,28 @@ def _tables_of_models(args: argparse.Namespace, settings: Settings, every: bool
     return out
 
 
+def _export(args: argparse.Namespace, settings: Settings, model: tuple[str, Any, Any]) -> None:
+    """``--export-table`` / ``--export-profile``: the served solver's table (with the
+    measurements `vbs plan` chose its rows by) and the profile it was planned from, as JSON:
+    what `vbs solve --profile P --table T` answers from, as a worker would."""
+    import json
+
+    from core.tree import profile_to_json
+
+    served, profile, tables = model
+    solver = args.solver or settings.solver
+    for path, what, doc in ((args.export_table, f"{solver}'s table", lambda: tables[solver].to_json()),
+                            (args.export_profile, "its profile", lambda: profile_to_json(profile))):
+        if not path:
+            continue
+        try:
+            Path(path).write_text(json.dumps(doc()), encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"cannot write {path} ({exc.strerror}); give a path in a writable "
+                             "directory") from exc
+        print(f"wrote {path}: {served}: {what}")
+
+
 def _write_html(args: argparse.Namespace, models: list[tuple[str, Any, Any]]) -> int:
     from planner.view.data import book
     from planner.view.page import render_page
@@ -116,13 +139,18 @@ def cmd_show(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     if args.profile and args.model:
         raise UsageError("give --model or --profile, not both")
-    if not args.html and (args.memory is None or args.batch is None):
+    exporting = args.export_table or args.export_profile
+    if not args.html and not exporting and (args.memory is None or args.batch is None):
         raise UsageError("--memory and --batch are needed (or --html FILE for the page with "
-                         "every budget)")
+                         "every budget, or --export-table / --export-profile FILE)")
     if args.profile:
         models = _tables_of_profile(args, settings)
     else:
         models = _tables_of_models(args, settings, every=bool(args.html))
+    if exporting:
+        _export(args, settings, models[0])
+        if args.memory is None or args.batch is None:
+            return 0
     if args.html:
         args.solver = args.solver or settings.solver
         return _write_html(args, models)
@@ -172,4 +200,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--profile", type=Path, metavar="FILE",
                    help="a vbs.profile/1 JSON to take the tables from, instead of --model")
     p.add_argument("--batch-max", type=positive_int, help="largest request size of the table")
+    p.add_argument("--export-table", type=Path, metavar="FILE",
+                   help="write the served solver's table as JSON (with what `vbs plan` measured "
+                        "to choose its rows): `vbs solve --table FILE` answers as it does")
+    p.add_argument("--export-profile", type=Path, metavar="FILE",
+                   help="write the profile the tables were planned from (`vbs solve --profile`)")
     p.set_defaults(func=cmd_show)

@@ -42,6 +42,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="memory slot size (default: 1/512 of the all-at-batch_max plan's need)")
     p.add_argument("--solver", choices=SOLVERS, default="vbs", help="default: vbs")
     p.add_argument("--objective", choices=OBJECTIVES, default="time", help="default: time")
+    p.add_argument("--table", metavar="FILE",
+                   help="answer as a table of this profile does (a vbs.table/3 JSON, as `vbs "
+                        "show --model M --export FILE` writes the served one): rebuilt from the "
+                        "profile at its slot size, its rows chosen by the measurements `vbs plan` "
+                        "kept in it, then looked up; the plan and time a worker would run")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
     return p
@@ -54,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     memory = parse_bytes(args.memory)  # sizes are read here so bad text is a UsageError
     slot_arg = parse_bytes(args.slot_bytes) if args.slot_bytes is not None else None
     profile = load_profile(args.profile)
+    if args.table is not None:
+        return _as_table(args, profile, memory, slot_arg)
     inst = build_instance(profile, args.objective)
     if args.batch > inst.batch_max:
         raise UsageError(f"--batch {args.batch} is larger than the profile's batch_max "
@@ -63,15 +70,7 @@ def run(args: argparse.Namespace) -> int:
         plan = solve(inst, args.batch, memory, solver=args.solver, objective=args.objective,
                      slot_bytes=slot)
     except InfeasibleError as exc:
-        if args.json:
-            print(json.dumps({"feasible": False, "solver": args.solver, "objective": args.objective,
-                              "batch": args.batch, "memory_budget": memory, "slot_bytes": slot,
-                              "time_total": None, "time_per_sample": None, "cost": None,
-                              "peak_bytes": None, "plan_id": None, "program": None,
-                              "reason": str(exc)}))
-        else:
-            print(f"{args.solver}: infeasible: {exc}")
-        return 0
+        return _infeasible(args, memory, slot, exc)
     if args.json:
         print(json.dumps(plan.to_json()))
         return 0
@@ -87,6 +86,78 @@ def run(args: argparse.Namespace) -> int:
     for u in sim.units:
         batches = " ".join(str(b) for b in u.batches)
         print(f"{u.name:<{width}}  {format_bytes(min(u.unused_bytes)):>12}  {batches}")
+    return 0
+
+
+def _as_table(args: argparse.Namespace, profile: Any, memory: int, slot_arg: int | None) -> int:
+    """``--table``: the table's answer for (batch, memory), made from the profile and the
+    measurements the table keeps, by the code `vbs plan` publishes with (solve = table)."""
+    from planner.solver.compare import BASELINE
+    from planner.solver.selection import chosen
+    from planner.solver.tables import build_tables
+
+    given = _read_table(args.table)
+    if given.fingerprint and profile.fingerprint and given.fingerprint != profile.fingerprint:
+        raise UsageError(f"--table {args.table} was planned from profile {given.fingerprint}, "
+                         f"not {profile.fingerprint} (--profile {args.profile}): give the "
+                         "profile `vbs plan` planned it from (`vbs profile ... --out FILE`)")
+    if args.solver != given.solver or args.objective != given.objective:
+        raise UsageError(f"--table {args.table} is {given.solver}'s table for {given.objective}: "
+                         f"pass --solver {given.solver} --objective {given.objective}")
+    if slot_arg is not None and slot_arg != given.slot_bytes:
+        raise UsageError(f"--table {args.table} was solved in slots of {given.slot_bytes} "
+                         f"bytes: leave --slot-bytes out or pass {given.slot_bytes}")
+    if args.batch > given.batch_max:
+        raise UsageError(f"--batch {args.batch} is larger than the table's batch_max "
+                         f"{given.batch_max}")
+    solvers = (given.solver, BASELINE) if given.measurements else (given.solver,)
+    tables = build_tables(profile, solvers, objective=given.objective,
+                          slot_bytes=given.slot_bytes)
+    if given.measurements is not None:
+        tables, _ = chosen(tables, given.solver, given.measurements, sizes=(args.batch,))
+    try:
+        plan = tables[given.solver].lookup(args.batch, memory)
+    except InfeasibleError as exc:
+        return _infeasible(args, memory, given.slot_bytes, exc)
+    if args.json:
+        print(json.dumps(plan.to_json()))
+        return 0
+    measured = (f"measured {plan.time_measured:.6g} s by `vbs plan` (predicted "
+                f"{plan.time_total:.6g} s)" if plan.time_measured is not None
+                else f"predicted {plan.time_total:.6g} s (not measured)")
+    print(f"{plan.solver} table's plan: {plan.batch} samples in {format_bytes(memory)} "
+          f"({memory} bytes)")
+    print(f"time {measured}; peak {format_bytes(plan.peak_bytes)} ({plan.peak_bytes} bytes, as "
+          f"the executor allocates); {len(plan.program)} steps, {plan.calls} runtime calls; "
+          f"plan {plan.plan_id}")
+    print(f"runs: {plan_shape(plan.program.steps, plan.runs)}")
+    return 0
+
+
+def _read_table(path: str) -> Any:
+    from core.errors import TableFormatError
+    from core.table import PlanTable
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"--table {path}: cannot read a JSON table there ({exc})") from exc
+    try:
+        return PlanTable.from_json(raw)
+    except TableFormatError as exc:
+        raise UsageError(f"--table {path}: {exc}") from exc
+
+
+def _infeasible(args: argparse.Namespace, memory: int, slot: int, exc: Exception) -> int:
+    if args.json:
+        print(json.dumps({"feasible": False, "solver": args.solver, "objective": args.objective,
+                          "batch": args.batch, "memory_budget": memory, "slot_bytes": slot,
+                          "time_total": None, "time_per_sample": None, "cost": None,
+                          "peak_bytes": None, "plan_id": None, "program": None,
+                          "reason": str(exc)}))
+    else:
+        print(f"{args.solver}: infeasible: {exc}")
     return 0
 
 

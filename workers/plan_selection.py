@@ -24,10 +24,10 @@ import torch
 from core import runtimes as rt
 from core.errors import PlanError
 from core.runtimes.base import RuntimeOptions
-from core.table import PlanTable
+from core.table import Measurements, PlanTable
 from core.units import Capture
 from planner.solver.compare import BASELINE
-from planner.solver.selection import MARGIN, select, to_measure, with_measured
+from planner.solver.selection import MARGIN, chosen, to_measure
 from workers.executor import execute
 
 log = logging.getLogger("vbs.plan")
@@ -57,15 +57,15 @@ def selected(capture: Capture, tables: Mapping[str, PlanTable], solver: str, rou
     table = tables[solver]
     if rounds < 1 or solver == BASELINE or table.objective != "time":
         return dict(tables)
-    uniform = tables[BASELINE]
     t0 = time.perf_counter()
-    seconds = measure(capture, table, uniform, rounds, sizes)
-    done = select(table, uniform, seconds, margin, sizes=sizes)
+    seconds = measure(capture, table, tables[BASELINE], rounds, sizes)
+    out, done = chosen(tables, solver, Measurements.of(margin, seconds), sizes)
+    assert done is not None
     note(f"{capture.model.spec.name}: {len(seconds)} plans of {solver} and fbs-best measured "
          f"in {time.perf_counter() - t0:.1f} s ({rounds} rounds, table {table.fingerprint}): "
          f"{done.kept} other plans measured faster than fbs-best's at some budget "
          f"and take it, {done.replaced} gave way to it")
-    return {**tables, solver: done.table, BASELINE: with_measured(uniform, seconds)}
+    return out
 
 
 def measure(capture: Capture, table: PlanTable, uniform: PlanTable, rounds: int,

@@ -29,7 +29,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from core.errors import UsageError
-from core.table import PlanTable, TablePlan, TableRow
+from core.table import Measurements, PlanTable, TablePlan, TableRow
+from planner.solver.compare import BASELINE
 
 # how much faster (median) a challenger must measure than fbs-best's plan: beyond the 8-16%
 # that one plan measures apart from run to run on a shared VM (docs/benchmarks.md section 2:
@@ -96,8 +97,25 @@ def select(table: PlanTable, uniform: PlanTable, seconds: Mapping[str, Sequence[
     out = PlanTable(fingerprint=table.fingerprint, solver=table.solver,
                     objective=table.objective, slot_bytes=table.slot_bytes,
                     granule=table.granule, batch_max=table.batch_max, units=table.units,
-                    plans=tuple(plans), rows=tuple(rows), runtimes=table.runtimes)
+                    plans=tuple(plans), rows=tuple(rows), runtimes=table.runtimes,
+                    measurements=Measurements.of(margin, seconds))
     return Selected(out, kept, replaced)
+
+
+def chosen(tables: Mapping[str, PlanTable], solver: str, measurements: Measurements,
+           sizes: Collection[int] | None = None) -> tuple[dict[str, PlanTable], Selected | None]:
+    """``tables`` (built from one profile, fbs-best's among them) as `vbs plan` publishes them
+    given ``measurements``: the ``solver``'s rows chosen by them (``select``; unchanged where
+    the objective is not time or it is fbs-best itself), fbs-best's plans with their medians;
+    with what the selection did (None where it did not run). `vbs plan` measures, then calls
+    this; `vbs solve` given the same profile and measurements calls it too, so both say one
+    plan and one time."""
+    table = tables[solver]
+    if solver == BASELINE or table.objective != "time":
+        return dict(tables), None
+    done = select(table, tables[BASELINE], measurements.seconds, measurements.margin, sizes)
+    return ({**tables, solver: done.table,
+             BASELINE: with_measured(tables[BASELINE], measurements.seconds)}, done)
 
 
 def with_measured(table: PlanTable, seconds: Mapping[str, Sequence[float]]) -> PlanTable:
@@ -164,4 +182,4 @@ def _same_units(table: PlanTable, uniform: PlanTable) -> None:
                          "(units, runtimes, granule or batch_max differ): build them together")
 
 
-__all__ = ["MARGIN", "Selected", "select", "to_measure", "wins", "with_measured"]
+__all__ = ["MARGIN", "Selected", "chosen", "select", "to_measure", "wins", "with_measured"]

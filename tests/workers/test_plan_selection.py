@@ -49,3 +49,29 @@ def test_select_rounds_zero_publishes_the_tables_as_solved(tmp_path: Path) -> No
     with open_store(store) as st:
         stored = read_compiled(st, "m", ModelSpec(NAME, input_shape=SHAPE), "vbs", "time")
     assert all(tp.time_measured is None for t in stored.tables.values() for tp in t.plans)
+
+
+def test_solve_given_the_exported_profile_and_table_answers_as_the_served_table(
+        tmp_path: Path, capsys) -> None:
+    """`vbs plan` keeps the selection's rounds in the table; `vbs show --export-*` gives the
+    table and its profile; `vbs solve --table` then says the plan and the measured time the
+    worker's lookup gives, at every breakpoint of every request size."""
+    import json
+
+    store = str(tmp_path / "store")
+    _plan(tmp_path, store, 2)
+    table_path, profile_path = tmp_path / "table.json", tmp_path / "profile.json"
+    assert main(["show", "--model", f"m={NAME}@3x8x8", "--batch-max", "3", "--store", store,
+                 "--cache-dir", str(tmp_path / "cache"), "--quiet", "--export-table",
+                 str(table_path), "--export-profile", str(profile_path)]) == 0
+    capsys.readouterr()
+    from core.table import PlanTable
+    table = PlanTable.from_json(json.loads(table_path.read_text()))
+    assert table.measurements is not None
+    for r in range(1, table.batch_max + 1):
+        for peak, plan in table.plans_for(r):
+            assert main(["solve", "--profile", str(profile_path), "--table", str(table_path),
+                         "--memory", str(peak), "--batch", str(r), "--json"]) == 0
+            got = json.loads(capsys.readouterr().out)
+            assert (got["plan_id"], got["time_total"], got["time_measured"]) == \
+                (plan.plan_id, plan.time_total, plan.time_measured)
