@@ -7,20 +7,95 @@ to a file that is unlinked at once (nothing is left behind, whatever ends the pr
 read back one tensor at a time when a session is made, they are page cache, which the kernel
 drops under a memory limit before it kills anything, not memory the model keeps. The folder
 must be on a disk (a tmpfs would hold them in memory again): the server's cache directory.
+
+The sessions' own files (``core.runtimes.ort_weights``) live in a folder beside it while their
+model is loaded; a process killed before it removes its folder leaves it behind, so each such
+folder holds a lock its process keeps (``owned_folder``), and `vbs serve` removes, as it starts,
+the folders whose lock no process holds (``ready_folder``).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import tempfile
 import threading
 import weakref
 from typing import Any
 
+from core.errors import UsageError
+
 import onnx
 
 LOCATION = "vbs-weights-file"  # what a moved tensor's external data names: this file
 _ALIGN = 64
+
+
+_OWNER = "owner.lock"  # in an owned folder: locked (flock) by the process it belongs to
+SESSIONS_PREFIX = "vbs-ort-weights-"  # the folder of a model's sessions' files (ort_weights)
+
+
+def owned_folder(prefix: str, folder: str | os.PathLike[str] | None = None) -> tuple[str, int]:
+    """A new folder in ``folder`` named ``prefix`` and a random part, with a lock held on the
+    descriptor returned: the folder is this process's while that descriptor is open (close it
+    after removing the folder). Made under a hidden name and renamed once locked, so a sweep
+    never sees it unlocked."""
+    staging = tempfile.mkdtemp(prefix="." + prefix, dir=folder)
+    fd = os.open(os.path.join(staging, _OWNER), os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    final = os.path.join(os.path.dirname(staging), os.path.basename(staging)[1:])
+    os.rename(staging, final)
+    return final, fd
+
+
+def remove_owned(path: str, fd: int) -> None:
+    """Remove a folder ``owned_folder`` made, then let its lock go."""
+    shutil.rmtree(path, ignore_errors=True)
+    os.close(fd)
+
+
+def sweep(folder: str | os.PathLike[str], prefix: str) -> list[str]:
+    """Remove the folders named ``prefix``... in ``folder`` whose owner's lock no process
+    holds (its process ended without removing it); the paths removed. A folder without a lock
+    file (made by an older version) is left alone."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(prefix) or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            fd = os.open(os.path.join(entry.path, _OWNER), os.O_RDWR)
+        except FileNotFoundError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # its process is alive
+        else:
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.path)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def ready_folder(folder: str | os.PathLike[str], prefixes: tuple[str, ...], setting: str
+                 ) -> list[str]:
+    """Make ``folder`` (where loaded models' weights files and sessions' folders go) and check
+    that a file can be written there, naming ``setting`` if not; remove what killed processes
+    left there (``sweep`` of each prefix); the paths removed."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{setting}: cannot write the loaded models' weights files in {folder} "
+                         f"({exc.strerror or exc}): give a writable directory on a disk") from exc
+    return [path for prefix in prefixes for path in sweep(folder, prefix)]
 
 
 class WeightsFile:

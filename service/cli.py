@@ -137,6 +137,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = serve_settings(args)
     if settings.hugepages:  # before anything heavy is imported: it is all imported again
         _restart_with_hugepages()
+    from core.weights_file import SESSIONS_PREFIX, ready_folder
+
+    # where loaded models keep their weights files: writable, and rid of what a killed
+    # server left there
+    swept = ready_folder(settings.cache_dir / "weights", (SESSIONS_PREFIX,), "VBS_CACHE_DIR")
     from core.spec import ModelSpec
     from planner.store import printable_location
     from service.grpc_server import run as run_server
@@ -168,6 +173,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=args.log_level.upper(),
                             format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for path in swept:
+        log.info("removed %s: a server that ended without removing it left it", path)
     log.info("serving %s on http://%s:%d%s (store %s)", ", ".join(settings.models),
              settings.host, settings.port,
              f" and gRPC port {settings.grpc_port}" if settings.grpc_port else "",

@@ -37,7 +37,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from core.weights_file import copy_fields, refer, tensor_bytes
+from core.weights_file import SESSIONS_PREFIX, copy_fields, owned_folder, refer, remove_owned, \
+    tensor_bytes
 
 # where a weight that a session gets by add_initializer is said to be: an empty file that
 # ONNX Runtime checks is there but never reads (the tensor is the caller's)
@@ -72,9 +73,10 @@ class SharedWeights:
         self._packed: dict[bytes, int] = {}  # content -> its offset in the packed weights' file
         self._lock = threading.Lock()
         # its files (the graphs optimised, the weights sessions pack), in ``folder`` if given
-        self._dir = tempfile.mkdtemp(prefix="vbs-ort-weights-", dir=folder)
+        # (locked while this process lives: `vbs serve` removes one a killed process left)
+        self._dir, owner = owned_folder(SESSIONS_PREFIX, folder)
         open(os.path.join(self._dir, _PLACEHOLDER), "wb").close()
-        self._finalizer = weakref.finalize(self, shutil.rmtree, self._dir, True)
+        self._finalizer = weakref.finalize(self, remove_owned, self._dir, owner)
         self.last_new_bytes = 0  # bytes the last ``session`` call added to the buffers
         self.last_graph_bytes = 0  # the last session's graph: what it copies (small weights too)
         self.last_packed_bytes = 0  # the weights the last session packed and owns

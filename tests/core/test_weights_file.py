@@ -106,3 +106,46 @@ def test_the_sessions_files_go_beside_the_weights_file(compiled, tmp_path) -> No
     made = [p for p in tmp_path.iterdir() if p.name.startswith("vbs-ort-weights-")]
     assert len(made) == 1 and any(made[0].iterdir())  # the classifier's packed weights
     units.release()
+
+
+def test_a_killed_processs_sessions_folder_is_swept_a_live_ones_is_not(tmp_path) -> None:
+    """A SharedWeights' folder holds a lock its process keeps: after a kill -9 the folder is
+    left, and `sweep` (what `vbs serve` runs as it starts) removes it; a live process's
+    folder stays, and goes when its SharedWeights does."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from core.weights_file import SESSIONS_PREFIX, sweep
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\n"
+         "from core.runtimes.ort_weights import SharedWeights\n"
+         "w = SharedWeights(folder=sys.argv[1]); print(w._dir, flush=True); time.sleep(120)",
+         str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        left = child.stdout.readline().strip()
+        mine = SharedWeights(folder=str(tmp_path))
+        assert sweep(tmp_path, SESSIONS_PREFIX) == []  # both alive
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert os.path.isdir(left)  # what the kill left behind
+    assert sweep(tmp_path, SESSIONS_PREFIX) == [left]
+    assert not os.path.exists(left) and os.path.isdir(mine._dir)
+    folder = mine._dir
+    del mine
+    assert not os.path.exists(folder)
+
+
+def test_a_weights_folder_that_cannot_be_written_is_refused_naming_the_setting(tmp_path
+                                                                               ) -> None:
+    from core.errors import UsageError
+    from core.weights_file import SESSIONS_PREFIX, ready_folder
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(UsageError, match="VBS_CACHE_DIR: cannot write"):
+        ready_folder(blocker / "weights", (SESSIONS_PREFIX,), "VBS_CACHE_DIR")
+    assert ready_folder(tmp_path / "weights", (SESSIONS_PREFIX,), "VBS_CACHE_DIR") == []

@@ -102,3 +102,14 @@ def test_loadtest_against_a_running_service(vbs_cache: Path, tmp_path: Path,
         printed = json.loads(capsys.readouterr().out)
         assert printed["ok"] > 0 and printed["errors"] == 0
         assert main(["loadtest", "--url", server.url, "--model", "nope", "--duration", "0.2"]) == 2
+
+
+def test_serve_refuses_a_cache_directory_where_weights_files_cannot_be_written(
+        tmp_path, monkeypatch, capsys) -> None:
+    """Loaded models keep their weights in files under VBS_CACHE_DIR/weights: a server that
+    could not write there says so as it starts, not as a model first loads."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("VBS_CACHE_DIR", str(blocker / "cache"))
+    assert main(["serve", "--model", "resnet50"]) == 2
+    assert "VBS_CACHE_DIR: cannot write the loaded models' weights files" in capsys.readouterr().err
