@@ -24,9 +24,9 @@ import threading
 import weakref
 from typing import Any
 
-from core.errors import UsageError
-
 import onnx
+
+from core.errors import UsageError
 
 LOCATION = "vbs-weights-file"  # what a moved tensor's external data names: this file
 _ALIGN = 64

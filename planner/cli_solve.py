@@ -1,7 +1,7 @@
 """``vbs solve``: plan one request from a profile file, without torch (it starts fast).
 
     vbs solve --profile FILE --memory BYTES --batch R [--slot-bytes N]
-              [--solver vbs|paper|fbs|greedy] [--objective time|energy] [--json]
+              [--solver vbs|paper|fbs|greedy] [--objective time|energy] [--table FILE] [--json]
 
 With ``--json`` it prints one JSON object: ``feasible``, ``time_total``, ``time_per_sample``,
 ``peak_bytes``, ``program`` (a list of ``{"unit", "samples"}``, each naming its ``runtime``
@@ -12,6 +12,13 @@ fits, ``feasible`` is false, the plan fields are null, ``reason`` says what is m
 the exit code is still 0. Bad input raises UsageError or ProfileError (exit code 2 from
 ``vbs``). Without ``--json`` it prints a readable table: per unit the batch size of each of
 its steps and the least memory left unused while it ran (the paper's Table III).
+
+With ``--table FILE`` (a table `vbs show --export-table` wrote, of the same profile) it answers
+as that table does instead of printing the DP's own optimum: the tables rebuilt from the
+profile at the table's slot size, the rows chosen by the measurements `vbs plan` kept in it
+(``planner.solver.selection.chosen``, the code `vbs plan` publishes with), then looked up as a
+worker looks up (the request not counted: its caller holds it); the JSON adds
+``time_measured``, the median `vbs plan` measured, where it measured the plan.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--objective", choices=OBJECTIVES, default="time", help="default: time")
     p.add_argument("--table", metavar="FILE",
                    help="answer as a table of this profile does (a vbs.table/3 JSON, as `vbs "
-                        "show --model M --export FILE` writes the served one): rebuilt from the "
+                        "show --model M --export-table FILE` writes it): rebuilt from the "
                         "profile at its slot size, its rows chosen by the measurements `vbs plan` "
                         "kept in it, then looked up; the plan and time a worker would run")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -18,7 +18,7 @@ whole request after its other units ran a sample at a time: one call more, 6% fa
 predicted and 8-23% measured, docs/benchmarks.md section 2), ten more are many. Within the
 margin the plan of fewer calls is kept, so a row may hold a plan up to ``CALL_MARGIN`` slower
 than one with a smaller peak. `vbs solve` prints the DP's own optimum, which the table may so
-pass over.
+pass over (`vbs solve --table` gives the table's plan).
 
 Unit runtimes (``core.runtimes``): every candidate names each step's runtime and its runs
 (the DP's read-out says where it cuts runs; a baseline runs every span ONNX Runtime takes as
