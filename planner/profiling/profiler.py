@@ -34,7 +34,7 @@ from core.units import MODULE_GATE, Capture
 from core.runner import UnitRunner, run_node
 from planner.profiling.grid import batch_grid, fill_time, fill_workspace
 from planner.profiling.measure import CudaPeaks, PassTimer, cpu_memory_regions
-from planner.profiling.takes import LAYOUT, lifted
+from planner.profiling.takes import for_layout, lifted
 from core.sizes import allocation, granule_for
 from core.tree import Layer, Measured, Node, Parallel, Profile, Series, iter_layers, \
     iter_nodes, load_profile, node_to_json, save_profile
@@ -144,7 +144,7 @@ def _choose(layer: Layer, options: ProfileOptions, figures: dict[str, _Figures],
     refused = _refused(name, unsupported, options)
     measured = {rt: Measured(tuple(fill_time(f.times[name], B)), tuple(f.ws[name]))
                 for rt, f in figures.items() if rt not in refused or
-                refused[rt].startswith(LAYOUT)}  # (measured: kept for the lean tables)
+                for_layout(refused[rt])}  # (measured: kept for the lean tables)
     allowed = {rt: m for rt, m in measured.items() if rt not in refused}
     return dataclasses.replace(_chosen(layer, allowed, options.runtime, B, measured),
                                unsupported=tuple(refused.items()))
@@ -221,7 +221,7 @@ def _fill(node: Node, options: ProfileOptions, figures: dict[str, _Figures],
     folds = {rt: tuple(fill_time(f.times[node.name], B)) for rt, f in figures.items()}
     refused = _refused(node.name, unsupported, options)
     extra = [rt for rt in folds if rt != runtimes.TORCH and
-             (rt not in refused or refused[rt].startswith(LAYOUT))]
+             (rt not in refused or for_layout(refused[rt]))]
     return dataclasses.replace(
         node, time=folds[runtimes.TORCH],
         branches=tuple(_fill(b, options, figures, unsupported) for b in node.branches),

@@ -18,9 +18,14 @@ from core.tree import Node, Parallel, Series, iter_nodes
 LAYOUT = "layout: "
 
 
+def for_layout(why: str) -> bool:
+    """Whether a refusal is for the layout alone (the node was measured all the same)."""
+    return why.startswith(LAYOUT)
+
+
 def lifted(unsupported: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
     """A node's refusals without those of its layout."""
-    return tuple((rt, why) for rt, why in unsupported if not why.startswith(LAYOUT))
+    return tuple((rt, why) for rt, why in unsupported if not for_layout(why))
 
 
 def closed(tree: Series, unsupported: dict[str, str], why: str) -> dict[str, str]:

@@ -6,6 +6,7 @@ The times are given (the rule alone); tests/workers/test_plan_selection.py runs 
 
 from __future__ import annotations
 
+import json
 import statistics
 
 import pytest
@@ -185,7 +186,6 @@ def test_solve_given_the_profile_and_the_tables_measurements_says_what_the_table
     assert again.measurements == table.measurements
     profile_path, table_path = tmp_path / "profile.json", tmp_path / "table.json"
     save_profile(PROFILE, profile_path)
-    import json
     table_path.write_text(json.dumps(again.to_json()))
     differs = 0
     for r in (1, 3, table.batch_max):
@@ -209,8 +209,6 @@ def test_solve_given_the_profile_and_the_tables_measurements_says_what_the_table
 
 
 def test_solve_refuses_a_table_of_another_profile_or_solver(tables, tmp_path, capsys):
-    import json
-
     from core.tree import save_profile
     from planner.cli_solve import main
 

@@ -6,9 +6,11 @@ checked holds whatever the machine measured."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from core.errors import InfeasibleError
+from core.table import PlanTable
 from core.spec import ModelSpec
 from planner.store import open_store
 from planner.stored import read_compiled
@@ -56,8 +58,6 @@ def test_solve_given_the_exported_profile_and_table_answers_as_the_served_table(
     """`vbs plan` keeps the selection's rounds in the table; `vbs show --export-*` gives the
     table and its profile; `vbs solve --table` then says the plan and the measured time the
     worker's lookup gives, at every breakpoint of every request size."""
-    import json
-
     store = str(tmp_path / "store")
     _plan(tmp_path, store, 2)
     table_path, profile_path = tmp_path / "table.json", tmp_path / "profile.json"
@@ -65,7 +65,6 @@ def test_solve_given_the_exported_profile_and_table_answers_as_the_served_table(
                  "--cache-dir", str(tmp_path / "cache"), "--quiet", "--export-table",
                  str(table_path), "--export-profile", str(profile_path)]) == 0
     capsys.readouterr()
-    from core.table import PlanTable
     table = PlanTable.from_json(json.loads(table_path.read_text()))
     assert table.measurements is not None
     for r in range(1, table.batch_max + 1):
