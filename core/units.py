@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass, field
 
 import torch
@@ -18,6 +19,7 @@ from torch import fx
 
 from core.gate import MODULE_GATE, ModuleGate  # noqa: F401 - its home is core.gate
 from core.loaded import LoadedModel
+from core.precision import FLOAT, Precision
 from core.tree import Layer, Parallel, Series, iter_nodes
 
 
@@ -158,6 +160,13 @@ class Capture:
     joins: dict[str, Join]
     output_shape: tuple[int, ...]
     ops: dict[str, str] = field(default_factory=dict)  # fx node name -> owning unit or block
+    # the units' ONNX graphs where the planner made them (int8 units quantized from
+    # calibration data: ``planner.precision``); None: exported from the modules when needed
+    graphs: Any = field(default=None, compare=False)  # core.runtimes.onnx_compose.UnitGraphs
+    precision: Precision = FLOAT
+    # held-out calibration samples (a float32 array, samples first) where the precision was
+    # measured on them: what a check of a plan's answer against model(x) runs on
+    held_out: Any = field(default=None, compare=False)
 
     @property
     def input_shape(self) -> tuple[int, ...]:

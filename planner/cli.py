@@ -57,7 +57,7 @@ def given_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The settings the flags that were given override (as JSON values)."""
     overrides: dict[str, Any] = {}
     for field in ("dtype", "device", "store", "batch_max", "cache_dir", "runtime",
-                  "select_rounds", "select_margin"):
+                  "select_rounds", "select_margin", "precision", "calibration", "max_error"):
         value = getattr(args, field, None)
         if value is not None:
             overrides[field] = str(value) if isinstance(value, Path) else value
@@ -129,9 +129,17 @@ def runtime_lines(profile: Any) -> list[str]:
 
     from core.tree import iter_layers, iter_nodes
 
+    from core.precision import Precision
+
     meta = profile.meta.get("runtimes") or {}
     lines = [f"  {name}: unavailable here: {info['unavailable']}"
              for name, info in meta.items() if info.get("unavailable")]
+    precision = Precision.from_json(profile.meta.get("precision"))
+    if precision.int8:
+        lines.append(f"  precision: {len(precision.int8)} units int8 on ONNX Runtime (the rest "
+                     f"float32): top-1 agreement {100 * precision.agreement:.1f}% with float32 "
+                     f"on {precision.held_out} held-out samples, largest difference "
+                     f"{precision.error:.3g} of the output's scale ({precision.why})")
     fastest = Counter(rt for layer in iter_layers(profile.root) for rt in layer.runtime)
     if fastest:
         lines.append("  fastest (units x batch sizes): " + ", ".join(

@@ -36,11 +36,12 @@ def compile_capture(capture: Capture, fingerprint: str) -> CompiledModel:
     """Every unit and op-join of ``capture`` exported (what fails is recorded with why)."""
     import onnxruntime
 
-    graphs = export_units(capture)
+    graphs = capture.graphs if capture.graphs is not None else export_units(capture)
     spec = capture.model.spec
     meta: dict[str, object] = {"fingerprint": fingerprint, "model": spec.name,
                                "input_shape": list(capture.input_shape), "dtype": spec.dtype,
-                               "runtime": ONNXRUNTIME, "onnxruntime": onnxruntime.__version__}
+                               "runtime": ONNXRUNTIME, "onnxruntime": onnxruntime.__version__,
+                               "precision": capture.precision.to_json()}
     # what the service reads of the model's family (torchvision's weights' metadata), as data
     pre = build_preprocess(spec.name, tuple(capture.input_shape))
     if pre is not None and getattr(pre[0], "spec", None) is not None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from core import runtimes
+from core.precision import FLOAT32
 from core.units import Capture
 from planner.compile import compilable, ensure_compiled
 from planner.graph.capture import capture
@@ -87,9 +88,15 @@ class Captured:
 
 def capture_model(spec: ModelSpec, settings: Settings, *, batch_max: int | None = None,
                   grid: bool | None = None) -> Captured:
-    """Load and capture a model (with the settings' thread count, part of the fingerprint)."""
+    """Load and capture a model (with the settings' thread count, part of the fingerprint),
+    its units at the settings' precision (``planner.precision``: int8 units quantized from
+    the calibration samples, and guarded)."""
     apply_threads(settings.threads)
     cap = capture(load_model(spec))
+    if settings.precision != FLOAT32:
+        from planner.precision import with_precision  # ONNX Runtime's quantizer
+
+        cap = with_precision(cap, settings.precision, settings.calibration, settings.max_error)
     options = options_from(settings, batch_max, grid)
     return Captured(cap, options, fingerprint(cap, options))
 

@@ -92,6 +92,21 @@ class Settings(BaseSettings):
                     "device; each step of a plan runs on the fastest for it), onnxruntime "
                     "(CPU) or cudagraph (CUDA graphs) wherever it takes the unit, torch "
                     "elsewhere, or torch (part of the profile's fingerprint)")
+    precision: Literal["float32", "int8", "auto"] = Field(
+        default="float32",
+        description="what the ONNX Runtime units run at: float32; int8 (static, per-channel "
+                    "weights, quantized from VBS_CALIBRATION's samples, the units that move the "
+                    "answer most kept float32 by the error guard); or auto (int8 where "
+                    "calibration samples are given, else float32); part of the fingerprint")
+    calibration: Path | None = Field(
+        default=None,
+        description="a folder of the model's input samples (.npy, or images through the "
+                    "family's preprocessing) that int8 units are calibrated on; the last "
+                    "quarter is held out for the error guard")
+    max_error: float = Field(
+        default=0.01, ge=0, le=1,
+        description="the error guard: the largest share of held-out calibration samples whose "
+                    "top-1 class may differ from float32's with the int8 units on")
     models: list[str] | str = Field(
         default_factory=list,
         description="models to serve, each [ALIAS=]NAME[@C,H,W]; VBS_MODELS takes them "

@@ -16,6 +16,7 @@ from typing import Any
 
 from core.compiled import CompiledModel
 from core.errors import ProfileError, TableFormatError, TableNotFoundError
+from core.precision import FLOAT32, Precision
 from core.spec import ModelSpec
 from core.table import PlanTable
 from core.tree import Profile, profile_from_json, profile_to_json
@@ -28,10 +29,12 @@ log = logging.getLogger("vbs.plan")
 COMPARED = ("vbs", "paper", "greedy", "fbs", "fbs-best")
 
 
-def model_key(spec: ModelSpec, solver: str, objective: str) -> str:
-    """The name a model's current table of one solver and objective is found under."""
+def model_key(spec: ModelSpec, solver: str, objective: str, precision: str = FLOAT32) -> str:
+    """The name a model's current table of one solver and objective is found under (its int8
+    tables beside its float32 ones: ``core.precision``)."""
     shape = "x".join(map(str, spec.input_shape)) if spec.input_shape else "default"
-    return f"{spec.name}:{shape}:{spec.dtype}:{spec.device}:{solver}:{objective}"
+    tail = "" if precision == FLOAT32 else f":{precision}"
+    return f"{spec.name}:{shape}:{spec.dtype}:{spec.device}:{solver}:{objective}{tail}"
 
 
 
@@ -91,6 +94,7 @@ def publish(store: PlanStore, spec: ModelSpec, profile: Profile, tables: dict[st
     ``aliased``: the model's key points at them (not for the tables only a compiled model
     names, ``planner.pipeline``)."""
     fp = profile.fingerprint
+    precision = Precision.from_json(profile.meta.get("precision")).name
     store.put_profile(fp, json.dumps(profile_to_json(profile)).encode())
     versions = {}
     for solver, table in reversed(list(tables.items())):
@@ -98,7 +102,8 @@ def publish(store: PlanStore, spec: ModelSpec, profile: Profile, tables: dict[st
                 "batch_max": table.batch_max, "slot_bytes": table.slot_bytes,
                 "fingerprint": fp, "device": profile.meta.get("device_name"), **(extra or {})}
         versions[solver] = store.put_table(table_id(fp, solver, table.objective), table.to_bytes(),
-                                           meta, model_key=model_key(spec, solver, table.objective)
+                                           meta, model_key=model_key(
+                                               spec, solver, table.objective, precision)
                                            if aliased else None)
     return versions
 

@@ -23,6 +23,7 @@ import torch
 
 from core import runtimes as rt
 from core.errors import PlanError
+from core.precision import FLOAT_TOLERANCE as TOLERANCE  # a plan's output vs model(x)
 from core.runtimes.base import RuntimeOptions
 from core.table import Measurements, PlanTable
 from core.units import Capture
@@ -31,8 +32,6 @@ from planner.solver.selection import MARGIN, chosen, to_measure
 from workers.executor import execute
 
 log = logging.getLogger("vbs.plan")
-
-TOLERANCE = 1e-3  # a plan's output may differ from model(x) by this, relative to its scale
 
 
 def timed(device: torch.device, fn: Callable[[], Any]) -> float:
@@ -80,7 +79,7 @@ def measure(capture: Capture, table: PlanTable, uniform: PlanTable, rounds: int,
     seconds: dict[str, list[float]] = {}
     try:
         for r in sorted(sizes) if sizes is not None else range(1, table.batch_max + 1):
-            x = model.example(r, seed=7)
+            x = _example(capture, r)
             with torch.inference_mode():
                 expected = model.module(x)
             jobs = []
@@ -88,7 +87,8 @@ def measure(capture: Capture, table: PlanTable, uniform: PlanTable, rounds: int,
                 plan = t.plan(index, r, t.plans[index].peak_bytes)
                 job = (lambda p=plan: execute(capture, p.program.steps, x, p.split_map,
                                               p.run_map, loaded))
-                _check(job(), expected, plan.plan_id, model.spec.name)  # and warm
+                _check(job(), expected, plan.plan_id, model.spec.name,
+                       capture.precision.tolerance)  # and warm
                 jobs.append((plan.plan_id, job))
             order = list(jobs)
             shuffle = random.Random(r).shuffle
@@ -102,13 +102,29 @@ def measure(capture: Capture, table: PlanTable, uniform: PlanTable, rounds: int,
     return seconds
 
 
-def _check(y: torch.Tensor, expected: torch.Tensor, plan_id: str, name: str) -> None:
+def _example(capture: Capture, r: int) -> torch.Tensor:
+    """The input of r samples every plan runs on: the model's example, or where the
+    precision was measured on held-out calibration samples (int8 units), those (repeated to
+    r), on which the guard bounded what int8 units move the answer."""
+    model = capture.model
+    if capture.held_out is None:
+        return model.example(r, seed=7)
+    held = torch.from_numpy(capture.held_out)
+    index = torch.arange(r) % held.shape[0]
+    return held[index].to(device=model.device, dtype=model.torch_dtype).contiguous()
+
+
+def _check(y: torch.Tensor, expected: torch.Tensor, plan_id: str, name: str,
+           tolerance: float = TOLERANCE) -> None:
+    """``tolerance``: relative to the output's scale (``core.precision.Precision.tolerance``:
+    float32's, or wider by what the guard measured of int8 units)."""
     scale = max(1.0, float(expected.abs().max()))
     err = float((y.float() - expected.float()).abs().max())
-    if err > TOLERANCE * scale:
+    if err > tolerance * scale:
         raise PlanError(f"{name}: plan {plan_id} answers differently from model(x) (largest "
-                        f"difference {err:.3g}): a bug in the executor or a runtime; report it "
-                        "with the model and `vbs plan --select-rounds 0` to plan without it")
+                        f"difference {err:.3g}, tolerance {tolerance:.3g} x {scale:.3g}): a "
+                        "bug in the executor or a runtime; report it with the model and "
+                        "`vbs plan --select-rounds 0` to plan without it")
 
 
 __all__ = ["measure", "selected", "timed"]

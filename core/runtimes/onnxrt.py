@@ -53,7 +53,9 @@ class OrtUnits(OrtSessions):
         why = unavailable(capture)
         if why:
             raise ExecutionError(f"{capture.model.spec.name}: ONNX Runtime cannot run it: {why}")
-        super().__init__(graphs if graphs is not None else export_units(capture),
+        if graphs is None:  # the planner's (int8 units quantized), else exported now
+            graphs = capture.graphs if capture.graphs is not None else export_units(capture)
+        super().__init__(graphs,
                          threads or torch.get_num_threads(), arena=arena, spin=spin,
                          max_sessions=max_sessions, room=room, making_factor=making_factor)
         self.capture = capture

@@ -113,6 +113,8 @@ def fingerprint(capture: Capture, options: ProfileOptions) -> str:
     }
     if options.lean:
         key["lean"] = True
+    if capture.precision.fingerprint_key() is not None:  # int8 units: other kernels
+        key["precision"] = capture.precision.fingerprint_key()
     if runtimes.ONNXRUNTIME in measured:
         key["onnxruntime_method"] = ORT_METHOD
     if capture.model.device.type == "cuda":
@@ -501,7 +503,9 @@ def _meta(capture: Capture, options: ProfileOptions, grid: list[int],
     """The profile's ``meta``: what was measured, how, on what, and its fingerprint."""
     device = capture.model.device
     spec = capture.model.spec
+    precision = {"precision": capture.precision.to_json()} if capture.precision.int8 else {}
     return {
+        **precision,
         "model": spec.name, "input_shape": list(capture.input_shape), "dtype": spec.dtype,
         "device": device.type, "device_name": device_name(device), "torch": torch.__version__,
         "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,

@@ -1,0 +1,93 @@
+"""A model's precision: which of its units ONNX Runtime runs in int8, and what that costs the
+answer, as measured where it was chosen.
+
+Why a record of its own: the planner chooses it once (``planner.precision``: calibration,
+quantized unit graphs, the error guard), and everything after reads it: the profile's
+fingerprint (int8 units are other kernels), the table and the compiled model (what
+`vbs show`, `/plan` and `/models` say), and the selection's check of a plan's output against
+``model(x)``, which int8 units move by what the guard measured. No torch, no onnxruntime: a
+worker without torch reads it from the compiled model's meta.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from core.errors import UsageError
+
+FLOAT32 = "float32"
+INT8 = "int8"
+AUTO = "auto"
+CHOICES = (AUTO, FLOAT32, INT8)
+
+# a plan's output may differ from model(x) by this, relative to its scale (float32 kernels
+# of two runtimes, or two batch sizes' kernels)
+FLOAT_TOLERANCE = 1e-3
+# a plan mixing int8 units with float32 ones where the guard measured the model all int8 on
+# ONNX Runtime: its outputs may differ from model(x) by this many times what the guard saw
+GUARD_SLACK = 3.0
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What a model's ONNX Runtime units run at, and the error that was measured of it.
+
+    ``int8`` lists the units (by name) whose graphs are quantized (static QDQ, per-channel
+    weights); every other unit, every join and everything torch runs stays float32.
+    ``agreement``: the share of held-out calibration samples whose top-1 class is float32's
+    with every int8 unit on; ``error``: the largest difference of their outputs, relative
+    to float32's scale (as the selection's check reads it); ``held_out``: how many samples.
+    ``why``: what the choice was, in words (a user asked for float32, auto had no calibration
+    data, the guard kept units float32)."""
+
+    int8: tuple[str, ...] = ()
+    calibration: str = ""  # digest of the calibration samples
+    agreement: float = 1.0
+    error: float = 0.0
+    held_out: int = 0
+    max_error: float = 0.0
+    why: str = ""
+
+    @property
+    def name(self) -> str:
+        return INT8 if self.int8 else FLOAT32
+
+    def of(self, unit: str) -> str:
+        """The precision unit ``unit`` runs at on ONNX Runtime."""
+        return INT8 if unit in self.int8 else FLOAT32
+
+    @property
+    def tolerance(self) -> float:
+        """How far a plan's output may be from ``model(x)``, relative to its scale."""
+        return FLOAT_TOLERANCE + GUARD_SLACK * self.error
+
+    def fingerprint_key(self) -> dict[str, Any] | None:
+        """What changes the kernels a profile measures (None for float32: older fingerprints
+        stay as they were)."""
+        if not self.int8:
+            return None
+        return {"int8": sorted(self.int8), "calibration": self.calibration}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"precision": self.name, "int8": list(self.int8), "calibration": self.calibration,
+                "agreement": self.agreement, "error": self.error, "held_out": self.held_out,
+                "max_error": self.max_error, "why": self.why}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any] | None) -> Precision:
+        if not raw:
+            return FLOAT
+        return cls(tuple(raw.get("int8", ())), str(raw.get("calibration", "")),
+                   float(raw.get("agreement", 1.0)), float(raw.get("error", 0.0)),
+                   int(raw.get("held_out", 0)), float(raw.get("max_error", 0.0)),
+                   str(raw.get("why", "")))
+
+
+FLOAT = Precision()
+
+
+def check_choice(choice: str) -> str:
+    if choice not in CHOICES:
+        raise UsageError(f"--precision {choice!r}: use one of {', '.join(CHOICES)}")
+    return choice

@@ -1,0 +1,210 @@
+"""Precision per unit: the units ONNX Runtime runs in int8, quantized from the user's
+calibration samples, and the guard that keeps float32 the units that cost the answer most.
+
+Why here, before the profile: an int8 unit is other kernels (ONNX Runtime's static QDQ graph,
+per-channel int8 weights, uint8 activations), so it is measured as it will run, and the DP
+prices it like any other unit; its weights take a quarter of the bytes, which the memory model
+counts from the graphs. Each unit's graph is quantized alone, calibrated on the activations the
+float32 model gives at its input on the user's samples (so a unit's scales are what serving
+meets, whatever runs before it). The guard then runs the model with every int8 unit on
+held-out samples against float32: top-1 agreement and the largest difference, relative to the
+output's scale. While the disagreement is above ``max_error``, the units whose own output moved
+most go back to float32 (one, then twice as many, ...), and the guard runs again. What it
+measured is kept in ``core.precision.Precision``, in the fingerprint, the table's profile and
+the compiled model.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+from onnx import TensorProto
+
+from core.errors import UsageError
+from core.precision import AUTO, FLOAT, FLOAT32, INT8, Precision, check_choice
+from core.runner import run_node, run_unit
+from core.runtimes.onnx_compose import OPSET, UnitGraphs
+from core.runtimes.onnx_graphs import export_units
+from core.runtimes.onnxrt import unavailable
+from core.tree import Layer
+from core.units import MODULE_GATE, Capture
+from planner.calibration import Calibration, read_calibration
+
+log = logging.getLogger("vbs.plan")
+
+CHUNK = 8  # calibration samples per batch the calibrator reads
+MIN_WEIGHT = 64  # elements: a unit with no int8 weight this large gains nothing from QDQ
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """A unit's int8 graph and how far its own output moved from float32's on the samples."""
+
+    graph: onnx.ModelProto
+    error: float  # ||int8 - float32|| / ||float32|| on the calibration samples
+
+
+def with_precision(capture: Capture, choice: str, calibration: Path | None,
+                   max_error: float) -> Capture:
+    """``capture`` with its units' graphs at ``choice`` (``core.precision.CHOICES``): float32 as
+    it is; int8 (and auto, given samples) quantized from ``calibration`` and guarded; auto
+    without samples float32, saying why."""
+    check_choice(choice)
+    if choice == FLOAT32:
+        return capture
+    if calibration is None:
+        if choice == INT8:
+            raise UsageError("--precision int8 needs --calibration DIR: samples of the model's "
+                             "input (.npy or images) that int8's scales are fitted on and its "
+                             "error is measured on")
+        return replace(capture, precision=replace(
+            FLOAT, why="auto: no calibration samples (--calibration DIR), so float32"))
+    why = unavailable(capture)
+    if why:
+        raise UsageError(f"--precision {choice}: int8 units run on ONNX Runtime, and {why}")
+    samples = read_calibration(calibration, capture.model.spec.name, capture.input_shape)
+    t0 = time.perf_counter()
+    graphs = export_units(capture)
+    units = _quantize_units(capture, graphs, samples)
+    precision, kept = _guard(capture, graphs, units, samples, max_error)
+    log.info("%s: %d of %d units int8 (top-1 agreement %.1f%% on %d held-out samples, largest "
+             "difference %.3g of the output's scale) in %.1f s", capture.model.spec.name,
+             len(kept), len(graphs.units), 100 * precision.agreement, precision.held_out,
+             precision.error, time.perf_counter() - t0)
+    mixed = UnitGraphs(graphs.shapes, {**graphs.units, **{n: units[n].graph for n in kept}},
+                       graphs.joins, graphs.failed)
+    return replace(capture, graphs=mixed, precision=precision, held_out=samples.held_out)
+
+
+def _quantize_units(capture: Capture, graphs: UnitGraphs, samples: Calibration
+                    ) -> dict[str, _Unit]:
+    """Every unit that quantizes with an int8 weight, calibrated on its input in the float32
+    model over the fit samples."""
+    out: dict[str, _Unit] = {}
+    with tempfile.TemporaryDirectory(prefix="vbs-int8-") as work:
+        def runner(unit: Layer, x: torch.Tensor, own: bool) -> torch.Tensor:
+            y = run_unit(capture, unit, x)
+            graph = graphs.units.get(unit.name)
+            if graph is not None:
+                found = _quantize(graph, x.contiguous().numpy(), Path(work))
+                if found is not None:
+                    out[unit.name] = _Unit(found, _relative(_run(found, x), y))
+            return y
+
+        x = torch.from_numpy(samples.fit).to(capture.model.torch_dtype)
+        with torch.inference_mode(), MODULE_GATE.running():
+            run_node(capture, capture.tree, x, runner=runner)
+    return out
+
+
+def _quantize(graph: onnx.ModelProto, inputs: np.ndarray, work: Path) -> onnx.ModelProto | None:
+    """``graph`` with static QDQ int8 (per-channel weights), calibrated on ``inputs``; None where
+    it holds no int8 weight of ``MIN_WEIGHT`` bytes, or the quantizer fails on it."""
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self._chunks: Iterator[np.ndarray] = iter(np.array_split(
+                inputs, max(1, len(inputs) // CHUNK)))
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            chunk = next(self._chunks, None)
+            return None if chunk is None else {"x": np.ascontiguousarray(chunk)}
+
+    source, pre, out = work / "unit.onnx", work / "pre.onnx", work / "int8.onnx"
+    onnx.save(graph, source)
+    try:
+        quant_pre_process(str(source), str(pre), skip_symbolic_shape=True)
+    except Exception:  # noqa: BLE001 - its optional clean-up only: quantize the graph as it is
+        pre = source
+    try:
+        quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ,
+                        per_channel=True, activation_type=QuantType.QUInt8,
+                        weight_type=QuantType.QInt8)
+    except Exception as exc:  # noqa: BLE001 - the quantizer's failure: the unit stays float32
+        log.info("a unit stays float32: its graph does not quantize (%s)", exc)
+        return None
+    quantized = onnx.load(str(out))
+    opset = next((o.version for o in quantized.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset > OPSET or any(n.domain not in ("", "ai.onnx") for n in quantized.graph.node):
+        return None  # ops a composed run (the default domain at OPSET) does not hold
+    if not any(t.data_type == TensorProto.INT8 and math.prod(t.dims) >= MIN_WEIGHT
+               for t in quantized.graph.initializer):
+        return None
+    del quantized.opset_import[:]  # the optimiser's declared domains, none of them used
+    quantized.opset_import.append(onnx.helper.make_opsetid("", OPSET))
+    return quantized
+
+
+def _session(graph: onnx.ModelProto) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    return ort.InferenceSession(graph.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"])
+
+
+def _run(graph: onnx.ModelProto | ort.InferenceSession, x: torch.Tensor) -> torch.Tensor:
+    session = graph if isinstance(graph, ort.InferenceSession) else _session(graph)
+    return torch.from_numpy(session.run(None, {"x": x.contiguous().numpy()})[0])
+
+
+def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    norm = float(want.float().norm())
+    return float((got.float() - want.float()).norm()) / max(norm, 1e-12)
+
+
+def _guard(capture: Capture, graphs: UnitGraphs, units: dict[str, _Unit], samples: Calibration,
+           max_error: float) -> tuple[Precision, tuple[str, ...]]:
+    """The int8 units kept and what the model measured with them on the held-out samples:
+    while top-1 disagreement with float32 exceeds ``max_error``, the units whose output moved
+    most go back to float32, one, then twice as many, until it holds (or none is left)."""
+    x = torch.from_numpy(samples.held_out).to(capture.model.torch_dtype)
+    sessions = {name: _session(u.graph) for name, u in units.items()}
+    with torch.inference_mode(), MODULE_GATE.running():
+        want = run_node(capture, capture.tree, x)
+
+        def measure(kept: tuple[str, ...]) -> tuple[float, float]:
+            def runner(unit: Layer, y: torch.Tensor, own: bool) -> torch.Tensor:
+                if unit.name in kept:
+                    return _run(sessions[unit.name], y)
+                return run_unit(capture, unit, y)
+
+            got = run_node(capture, capture.tree, x, runner=runner)
+            agree = float((got.reshape(len(x), -1).argmax(1)
+                           == want.reshape(len(x), -1).argmax(1)).float().mean())
+            scale = max(1.0, float(want.abs().max()))
+            return agree, float((got - want).abs().max()) / scale
+
+        order = sorted(units, key=lambda n: units[n].error, reverse=True)
+        dropped = 0
+        kept = tuple(order)
+        agree, error = measure(kept)
+        while kept and 1.0 - agree > max_error:
+            dropped = min(len(order), max(1, 2 * dropped))
+            kept = tuple(order[dropped:])
+            agree, error = measure(kept) if kept else (1.0, 0.0)
+    if not units:
+        why = "no unit has an int8 graph (no weight quantized): float32"
+    elif kept:
+        why = (f"int8 where it kept top-1 within {max_error:g} of float32"
+               + (f"; {dropped} units that moved the answer most stay float32" if dropped else ""))
+    else:
+        why = f"every int8 unit set moved top-1 by more than {max_error:g}: float32"
+    layers = [n for n in graphs.units if n in kept]
+    return Precision(tuple(layers), samples.digest, agree, error, len(x), max_error, why), \
+        tuple(layers)
+
+
+__all__ = ["AUTO", "with_precision"]

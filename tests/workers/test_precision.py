@@ -1,0 +1,150 @@
+"""Precision per unit: int8 units quantized from a user's calibration samples, guarded against
+float32 on held-out ones, planned, compiled and served by the worker without torch
+(``planner.precision``, ``core.precision``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from core.errors import UsageError
+from core.precision import Precision
+from core.spec import ModelSpec
+from planner.calibration import read_calibration
+from planner.settings import Settings
+from planner.store import open_store
+from planner.stored import model_key, read_compiled
+from service.commands import main
+from workers.array_backend import ArrayModel
+from workers.memory import MemoryProbe
+from workers.worker import Worker
+
+pytest.importorskip("sklearn")  # the test extra: scikit-learn's bundled digits
+from tests.planner.digits import SHAPE, digits, factory, train  # noqa: E402
+
+NAME = "tests.planner.digits:factory"
+TRAIN, CALIBRATION = 1000, 160  # samples: the rest of the 1797 are the test set
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, np.ndarray, np.ndarray]:
+    """(weights, calibration folder, test inputs, test labels) of the digits CNN."""
+    root = tmp_path_factory.mktemp("digits")
+    x, y = digits()
+    model = train(x[:TRAIN], y[:TRAIN])
+    weights = root / "w.pt"
+    torch.save(model.state_dict(), weights)
+    folder = root / "calibration"
+    folder.mkdir()
+    np.save(folder / "samples.npy", x[TRAIN:TRAIN + CALIBRATION])
+    return weights, folder, x[TRAIN + CALIBRATION:], y[TRAIN + CALIBRATION:]
+
+
+def _plan(tmp: Path, weights: Path, served: str, *flags: str) -> int:
+    return main(["plan", "--model", f"{served}={NAME}@1x16x16", "--weights", str(weights),
+                 "--batch-max", "4", "--store", str(tmp / "store"), "--cache-dir",
+                 str(tmp / "cache"), "--select-rounds", "1", "--quiet", *flags])
+
+
+def _served(store: Path, served: str, weights: Path) -> tuple[Worker, object]:
+    spec = ModelSpec(NAME, input_shape=SHAPE, weights=weights)
+    with open_store(str(store)) as st:
+        lean = read_compiled(st, served, spec, "vbs", "time")
+    model = ArrayModel(lean.compiled, lean.profile.root, lean.fingerprint)
+    return Worker(model, lean.tables["vbs"], MemoryProbe("cpu"), name=served), lean
+
+
+def _answers(worker: Worker, x: np.ndarray) -> np.ndarray:
+    return np.concatenate([worker.infer(np.ascontiguousarray(c))[0]
+                           for c in np.array_split(x, -(-len(x) // 4))])
+
+
+def test_int8_served_without_torch_keeps_the_trained_models_accuracy(
+        tmp_path: Path, trained: tuple[Path, Path, np.ndarray, np.ndarray]) -> None:
+    """`vbs plan --precision auto --calibration DIR` on a CNN trained on real digits: its units
+    int8 where the guard allowed (said in the profile and the compiled model), its weights a
+    third of float32's bytes or less, and the plans the worker without torch serves answer the
+    held-out test set within 1 point of float32's accuracy; the float32 model planned beside it
+    under the same name keeps its own table."""
+    weights, folder, x, y = trained
+    assert _plan(tmp_path, weights, "d8", "--precision", "auto", "--calibration",
+                 str(folder)) == 0
+    assert _plan(tmp_path, weights, "d32") == 0
+    worker8, lean8 = _served(tmp_path / "store", "d8", weights)
+    worker32, lean32 = _served(tmp_path / "store", "d32", weights)
+    precision = Precision.from_json(lean8.profile.meta.get("precision"))
+    assert precision.int8 and precision.held_out == CALIBRATION // 4
+    assert precision.agreement >= 1 - Settings().max_error
+    assert Precision.from_json(lean8.compiled.meta.get("precision")) == precision
+    assert lean32.profile.meta.get("precision") is None and lean8.fingerprint != lean32.fingerprint
+    assert lean8.compiled.weight_bytes() <= 0.35 * lean32.compiled.weight_bytes()
+    with open_store(str(tmp_path / "store")) as st:  # one model key per precision
+        spec = ModelSpec(NAME, input_shape=SHAPE)
+        for lean, precision_name in ((lean8, "int8"), (lean32, "float32")):
+            own = lean.profile.meta.get("chosen_from") or lean.fingerprint
+            assert st.get_model(model_key(spec, "vbs", "time", precision_name)) == \
+                f"{own}.vbs.time"
+    try:
+        got8, got32 = _answers(worker8, x), _answers(worker32, x)
+    finally:
+        worker8.release()
+        worker32.release()
+    with torch.inference_mode():
+        model = factory()
+        model.load_state_dict(torch.load(weights, weights_only=True))
+        want = model.eval()(torch.from_numpy(x)).numpy()
+    assert np.allclose(got32, want, rtol=1e-4, atol=1e-4)  # float32 served is model(x)
+    acc8, acc32 = float((got8.argmax(1) == y).mean()), float((want.argmax(1) == y).mean())
+    assert acc32 > 0.9, acc32  # it learned the digits
+    assert acc8 >= acc32 - 0.01, (acc8, acc32)
+    assert not np.allclose(got8, want, rtol=1e-4, atol=1e-4)  # int8 ran, not float32
+
+
+def test_the_guard_keeps_float32_the_units_that_would_move_the_answer(
+        tmp_path: Path, trained: tuple[Path, Path, np.ndarray, np.ndarray]) -> None:
+    """With no disagreement allowed and calibration samples that teach int8 a range far from
+    what the held-out samples hold, the guard takes units back to float32 until the held-out
+    samples' top-1 is float32's: what it keeps, run again, agrees as it says."""
+    from planner.graph.capture import capture
+    from planner.models import load_model
+    from planner.precision import with_precision
+
+    weights, folder, x, _ = trained
+    skewed = tmp_path / "skewed"
+    skewed.mkdir()
+    samples = np.load(folder / "samples.npy")
+    fit = samples[: 3 * len(samples) // 4] * 0.05  # ranges 20x too small: int8 saturates
+    np.save(skewed / "a.npy", fit)
+    np.save(skewed / "b.npy", samples[3 * len(samples) // 4:])
+    cap = capture(load_model(ModelSpec(NAME, input_shape=SHAPE, weights=weights)))
+    every = with_precision(cap, "int8", skewed, 1.0)  # nothing taken back
+    guarded = with_precision(cap, "int8", skewed, 0.0)
+    assert every.precision.int8 and every.precision.agreement < 1.0
+    assert len(guarded.precision.int8) < len(every.precision.int8)
+    assert guarded.precision.agreement == 1.0
+    assert "stay float32" in guarded.precision.why or not guarded.precision.int8
+
+
+def test_precision_without_samples_or_with_wrong_ones_says_what_to_give(
+        tmp_path: Path, trained: tuple[Path, Path, np.ndarray, np.ndarray],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.graph.capture import capture
+    from planner.models import load_model
+    from planner.precision import with_precision
+
+    weights = trained[0]
+    assert _plan(tmp_path, weights, "d", "--precision", "int8") == 2
+    assert "--precision int8 needs --calibration DIR" in capsys.readouterr().err
+    cap = capture(load_model(ModelSpec(NAME, input_shape=SHAPE, weights=weights)))
+    auto = with_precision(cap, "auto", None, 0.01)
+    assert auto.precision.int8 == () and "no calibration samples" in auto.precision.why
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    np.save(wrong / "x.npy", np.zeros((16, 3, 16, 16), np.float32))
+    with pytest.raises(UsageError, match=r"x.npy has shape \(16, 3, 16, 16\).*\(1, 16, 16\)"):
+        read_calibration(wrong, NAME, SHAPE)
+    with pytest.raises(UsageError, match="no such folder"):
+        read_calibration(tmp_path / "none", NAME, SHAPE)
