@@ -3,7 +3,7 @@ Triton, eager and with ONNX Runtime, one at a time.
 
     .venv-peers/bin/python bench/peers.py --model mobilenet_v2 [--clients 1,8] [--duration 20]
         [--warmup 5] [--rounds 2] [--batch-sizes 1,8,16] [--only vbs,triton-ort-8]
-        [--protocol http|grpc] [--json OUT]
+        [--protocol http|grpc] [--json OUT] [--int8 MODEL-int8.onnx]
 
 Needs the optional extra, in a venv of its own (nvidia-pytriton pins numpy<2, which pip then
 picks): ``python3 -m venv .venv-peers && .venv-peers/bin/pip install torch==2.14.1
@@ -35,6 +35,12 @@ peer's largest batch, tried for each of ``--batch-sizes`` (the tuning):
 - ``triton-torch-B``: the same Triton, its Python backend running eager torch.
 - ``lit-ort-spin-B``, ``triton-ort-spin-B``: ``lit-ort-B`` and ``triton-ort-B`` with ONNX
   Runtime in its defaults, as users run it: its intra-op threads spin while idle.
+- ``vbs-int8`` (with ``--int8``): `vbs serve` of the model's int8 tables and compiled units,
+  planned beforehand under the alias ``MODEL-int8`` (`vbs plan --model MODEL-int8=MODEL
+  --precision auto --calibration DIR`, the store given here).
+- ``triton-ort-int8-B`` (with ``--int8``): ``triton-ort-B`` on the same int8 model as one ONNX
+  file (``bench/int8_export.py`` composes it from those compiled units): a user who quantized
+  the model alone and serves it tuned.
 
 With ``--protocol grpc`` the same clients call the Open Inference Protocol's ``ModelInfer``
 over gRPC instead (``loadgen.loadtest_grpc``: the sample as raw tensor bytes, as Triton's
@@ -71,7 +77,9 @@ from served import free_port, stop, wait_ready, wait_until  # noqa: E402
 # a configuration's name without its batch size -> the server and what runs the model
 FAMILIES = {"ray": ("ray", "torch"), "lit": ("lit", "torch"), "lit-ort": ("lit", "ort"),
             "lit-ort-spin": ("lit", "ort-spin"), "triton-ort": ("triton", "ort"),
-            "triton-ort-spin": ("triton", "ort-spin"), "triton-torch": ("triton", "torch")}
+            "triton-ort-spin": ("triton", "ort-spin"), "triton-torch": ("triton", "torch"),
+            "triton-ort-int8": ("triton", "ort-int8")}
+INT8 = ("vbs-int8", "triton-ort-int8")  # configurations of the int8 model (``--int8``)
 GRPC = {"vbs", "triton"}  # the servers that speak OIP v2 over gRPC
 
 
@@ -200,10 +208,11 @@ def start(kind: str, args: argparse.Namespace, port: int, grpc_port: int
     """Start one server, its gRPC on ``grpc_port`` where it has one (0: off); (process, path to
     POST to, request format)."""
     env = {**os.environ, "VBS_CACHE_DIR": args.cache_dir}
-    if kind == "vbs":
+    if kind in ("vbs", "vbs-int8"):
         vbs = Path(sys.executable).with_name("vbs")
+        entry = args.model if kind == "vbs" else f"{served_name(kind, args.model)}={args.model}"
         process = subprocess.Popen(
-            [str(vbs), "serve", "--grpc-port", str(grpc_port), "--model", args.model, "--store",
+            [str(vbs), "serve", "--grpc-port", str(grpc_port), "--model", entry, "--store",
              args.store, "--batch-max", str(args.batch_max), "--port", str(port),
              "--log-level", "warning"], env=env)
         # the first start plans the model: minutes on a busy machine
@@ -216,7 +225,11 @@ def start(kind: str, args: argparse.Namespace, port: int, grpc_port: int
     spin = args.ort_spin or runtime.endswith("-spin")  # ONNX Runtime as users run it
     runtime = runtime.removesuffix("-spin")
     wait = {"ray": args.ray_wait, "lit": args.lit_wait, "triton": args.triton_wait}[peer]
-    onnx = str(onnx_path(args)) if runtime == "ort" else ""
+    onnx = ""
+    if runtime == "ort":
+        onnx = str(onnx_path(args))
+    elif runtime == "ort-int8":  # the int8 model's one file, as a user who quantized it has
+        onnx, runtime = args.int8, "ort"
     process = subprocess.Popen(
         [sys.executable, __file__, f"serve-{peer}", "--model", args.model, "--port", str(port),
          "--grpc-port", str(grpc_port or free_port()), "--batch", str(batch), "--wait", str(wait), "--threads", str(args.threads),
@@ -239,11 +252,17 @@ def parse_config(kind: str) -> tuple[str, str, int]:
     return (*FAMILIES[family], int(batch))
 
 
-def configs(sizes: list[int], protocol: str = "http") -> list[str]:
+def configs(sizes: list[int], protocol: str = "http", int8: bool = False) -> list[str]:
     """Every configuration that speaks ``protocol``: vbs, then each peer and runtime at each
-    batch size."""
-    return ["vbs", *[f"{family}-{b}" for family, (peer, _) in FAMILIES.items() for b in sizes
-                     if protocol == "http" or peer in GRPC]]
+    batch size (those of the int8 model with ``int8``)."""
+    every = ["vbs", "vbs-int8", *[f"{family}-{b}" for family, (peer, _) in FAMILIES.items()
+                                  for b in sizes if protocol == "http" or peer in GRPC]]
+    return [c for c in every if int8 or not c.startswith(INT8)]
+
+
+def served_name(config: str, model: str) -> str:
+    """The model name a configuration's requests carry (vbs-int8 serves an alias)."""
+    return f"{model}-int8" if config == "vbs-int8" else model
 
 
 def onnx_path(args: argparse.Namespace) -> Path:
@@ -293,6 +312,9 @@ def main() -> None:
     ap.add_argument("--protocol", choices=["http", "grpc"], default="http",
                     help="the load's protocol: HTTP, or OIP v2 gRPC (vbs and Triton only)")
     ap.add_argument("--json", help="write every result here")
+    ap.add_argument("--int8", metavar="FILE",
+                    help="the int8 model as one ONNX file (bench/int8_export.py): adds vbs-int8 "
+                         "(its tables planned in --store as MODEL-int8) and triton-ort-int8-B")
     args = ap.parse_args()
     args.threads = args.threads or os.cpu_count() or 1
     if args.command == "serve-ray":
@@ -319,7 +341,7 @@ def bench(args: argparse.Namespace) -> None:
 
     clients = [int(c) for c in args.clients.split(",")]
     sizes = [int(b) for b in args.batch_sizes.split(",")]
-    chosen = configs(sizes, args.protocol)
+    chosen = configs(sizes, args.protocol, bool(args.int8))
     if args.only:
         unknown = set(args.only.split(",")) - set(chosen)
         if unknown:
@@ -340,13 +362,14 @@ def bench(args: argparse.Namespace) -> None:
                 continue
             try:
                 for c in clients:
+                    name = served_name(config, args.model)
                     summary = asyncio.run(run_grpc_loadtest(
-                        f"127.0.0.1:{grpc_port}", args.model, clients=c,
+                        f"127.0.0.1:{grpc_port}", name, clients=c,
                         duration_s=args.duration, warmup_s=args.warmup)
                         if grpc_port else run_loadtest(
-                        f"http://127.0.0.1:{port}", args.model, clients=c,
+                        f"http://127.0.0.1:{port}", name, clients=c,
                         duration_s=args.duration, warmup_s=args.warmup, fmt=fmt,
-                        peer=None if config == "vbs" else (path, shape)))
+                        peer=None if config.startswith("vbs") else (path, shape)))
                     row = {"server": config, "clients": c, "round": k, **summary}
                     results.append(row)
                     print(f"| {config} | {c} | {k} | {summary['throughput_samples_per_s']:.1f} | "
@@ -372,7 +395,7 @@ def summarize(results: list[dict[str, Any]], clients: int) -> None:
     worse = {cfg: min(v) for cfg, v in by_config.items()}
     tuned: dict[str, str] = {}  # peer (and runtime) -> its best configuration
     for cfg, value in worse.items():
-        if cfg != "vbs":
+        if not cfg.startswith("vbs"):
             family = cfg.rsplit("-", 1)[0]
             if family not in tuned or value > worse[tuned[family]]:
                 tuned[family] = cfg
@@ -384,6 +407,11 @@ def summarize(results: list[dict[str, Any]], clients: int) -> None:
         top = max(tuned.values(), key=worse.get)  # type: ignore[arg-type]
         print(f"{clients} clients: vbs {worse['vbs']:.1f} samples/s (worse round) against the "
               f"best tuned peer {top} {worse[top]:.1f}: {worse['vbs'] / worse[top]:.2f}x")
+    if "vbs-int8" in worse:
+        rivals = [cfg for cfg in ("vbs", tuned.get("triton-ort"), tuned.get("triton-ort-spin"),
+                                  tuned.get("triton-ort-int8")) if cfg in worse]
+        print(f"{clients} clients: vbs-int8 {worse['vbs-int8']:.1f} samples/s (worse round): " +
+              ", ".join(f"{worse['vbs-int8'] / worse[cfg]:.2f}x {cfg}" for cfg in rivals))
 
 
 def _model_shape(name: str) -> tuple[int, ...]:

@@ -132,6 +132,7 @@ def _write_html(args: argparse.Namespace, models: list[tuple[str, Any, Any]]) ->
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from core.precision import Precision
     from planner.cli import settings_from
     from planner.solver.compare import budget_range, compare, render, render_sweep, sweep
     from core.sizes import parse_budgets, parse_bytes
@@ -154,7 +155,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.html:
         args.solver = args.solver or settings.solver
         return _write_html(args, models)
-    served, _profile, tables = models[0]
+    served, profile, tables = models[0]
+    precision = Precision.from_json(profile.meta.get("precision"))
+    if precision.int8:  # which units the plans below run in int8 (on ONNX Runtime)
+        print(f"{served}: int8 units (on ONNX Runtime; the rest float32): "
+              f"{', '.join(precision.int8)}; top-1 agreement {100 * precision.agreement:.1f}% "
+              f"with float32 on {precision.held_out} held-out samples")
     if any(c in args.memory for c in ":,") or args.memory.startswith("auto"):
         # A sweep: from where fbs-best runs one sample at a time to where fbs runs r at once.
         low, high = budget_range(tables, args.batch)

@@ -14,6 +14,7 @@ from typing import Any
 
 from core.spec import ModelSpec
 from core.lru import LRU
+from core.precision import Precision
 from core.table import INTERIM, PlanTable
 from planner.families import Preprocess
 from service.batcher import Batcher
@@ -146,6 +147,14 @@ class ModelEntry:
         """An answer that depends only on this model's table (for /plan), kept in a small LRU."""
         return self.cache.get_or_make(key, compute)
 
+    @property
+    def precision(self) -> Precision | None:
+        """What its ONNX Runtime units run at, as `vbs plan` chose and measured it (None until
+        its profile is known)."""
+        if self.profile is None:
+            return None
+        return Precision.from_json(self.profile.meta.get("precision"))
+
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "model": self.spec.name, "state": self.state,
                                "dtype": self.spec.dtype, "device": self.spec.device,
@@ -176,6 +185,7 @@ class ModelEntry:
                           "compared": sorted(s for s in self.tables if s != table.solver),
                           "kind": INTERIM if self.interim else "planned"},
                 "queue": self.batcher.waiting if self.batcher else 0,
+                "precision": self.precision.to_json() if self.precision else None,
                 "load_s": self.load_s,
             })
         if self.planning is not None:

@@ -13,16 +13,17 @@ from __future__ import annotations
 from typing import Any
 
 from core.errors import InfeasibleError
+from core.precision import FLOAT
 from planner.solver.compare import BASELINE, STRATEGIES, speedup
 from core.table import PlanTable
 from planner.view.data import plan_description
 from service.entry import ModelEntry
 
 
-
 def _described(entry: ModelEntry, table: PlanTable, index: int, r: int) -> dict[str, Any]:
     """The budget-free part of plan ``index`` of ``table`` (cached per table and plan)."""
-    return entry.cached(("plan", id(table), index), lambda: plan_description(table, index, r))
+    return entry.cached(("plan", id(table), index),
+                        lambda: plan_description(table, index, r, entry.precision or FLOAT))
 
 
 def _answer(entry: ModelEntry, table: PlanTable, r: int, budget: int, program: bool

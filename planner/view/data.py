@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from core.errors import UsageError
+from core.precision import FLOAT, FLOAT32, Precision
+from core.runtimes import ONNXRUNTIME
 from planner.solver.compare import BASELINE, STRATEGIES, unit_uses
 from core.runs import plan_shape
 from core.table import PlanTable
@@ -21,10 +23,12 @@ from core.tree import Profile, node_to_json
 BOOK_SCHEMA = "vbs.view/1"
 
 
-def plan_description(table: PlanTable, index: int, r: int) -> dict[str, Any]:
+def plan_description(table: PlanTable, index: int, r: int,
+                     precision: Precision = FLOAT) -> dict[str, Any]:
     """The budget-free part of plan ``index`` of ``r`` samples: id, predicted time (and what
     `vbs plan` measured it to take, where it ran it), peaks and,
-    per unit in the order units first run, the batch size of each phase and the most held."""
+    per unit in the order units first run, the batch size of each phase, the most held, its
+    runtime and precision (int8 where ``precision`` has the unit and ONNX Runtime runs it)."""
     tp = table.plans[index]
     measured = tp.time_measured  # `vbs plan` ran it (None: not measured)
     return {"plan_id": tp.plan_id, "time_total_s": tp.time_total,
@@ -36,7 +40,9 @@ def plan_description(table: PlanTable, index: int, r: int) -> dict[str, Any]:
             "calls": len(tp.runs) or None,  # runtime calls its runs make (None: torch alone)
             "shape": plan_shape(table.program(index).steps, tp.runs),
             "units": [{"unit": u.name, "batches": list(u.batches), "need_bytes": u.need_bytes,
-                       "runtime": "+".join(u.runtimes) or "torch"}
+                       "runtime": "+".join(u.runtimes) or "torch",
+                       "precision": precision.of(u.name) if ONNXRUNTIME in u.runtimes
+                       else FLOAT32}
                       for u in unit_uses(table, index)]}
 
 
@@ -80,6 +86,7 @@ def book(name: str, profile: Profile, tables: Mapping[str, PlanTable], served: s
     """Everything a static page needs to draw ``name``'s plans for the request ``sizes``
     (default: all): per strategy, the plans those rows use (described once) and the rows."""
     table = tables[served]
+    precision = Precision.from_json(profile.meta.get("precision"))
     wanted = sorted(set(sizes) if sizes is not None else range(1, table.batch_max + 1))
     for r in wanted:
         table.row(r)  # UsageError naming the size when out of range
@@ -97,11 +104,12 @@ def book(name: str, profile: Profile, tables: Mapping[str, PlanTable], served: s
             for index in row.plans.tolist():
                 key = (index, r)
                 if key not in seen:
-                    d = plan_description(t, index, r)
+                    d = plan_description(t, index, r, precision)
                     seen[key] = len(plans)
                     plans.append({**{k: v for k, v in d.items() if k != "units"},
                                   "units": [[position[u["unit"]], u["batches"], u["need_bytes"],
-                                             u["runtime"]] for u in d["units"]]})
+                                             u["runtime"], u["precision"]]
+                                            for u in d["units"]]})
                 indices.append(seen[key])
             rows[str(r)] = {"peaks": row.peaks.tolist(), "plans": indices}
         strategies[s] = {"units": units, "plans": plans, "rows": rows}

@@ -47,7 +47,8 @@ def model_metadata(entry: ModelEntry) -> dict[str, object]:
                          "shape": [-1, *entry.output_shape]}],
             "parameters": {"model": entry.spec.name, "state": entry.state,
                            "batch_max": table.batch_max if table is not None else None,
-                           "fingerprint": entry.fingerprint, "table_version": entry.table_version}}
+                           "fingerprint": entry.fingerprint, "table_version": entry.table_version,
+                           "precision": entry.precision.name if entry.precision else None}}
 
 
 @router.get("", summary="Server metadata")
@@ -76,6 +77,7 @@ def model_config(entry: ModelEntry, max_delay_s: float) -> dict[str, object]:
     largest batch its table plans, its tensors without the batch dimension, its batcher."""
     datatype = "TYPE_" + V2_OF_DTYPE.get(entry.spec.dtype, "FP32")
     kind = "KIND_GPU" if entry.spec.device.startswith("cuda") else "KIND_CPU"
+    precision = entry.precision
     return {"name": entry.name, "platform": "pytorch_vbs", "backend": "vbs",
             "max_batch_size": entry.table.batch_max,
             "input": [{"name": "input", "data_type": datatype, "format": "FORMAT_NONE",
@@ -83,6 +85,9 @@ def model_config(entry: ModelEntry, max_delay_s: float) -> dict[str, object]:
             "output": [{"name": OUTPUT_NAME, "data_type": "TYPE_FP32",
                         "dims": list(entry.output_shape)}],
             "dynamic_batching": {"max_queue_delay_microseconds": int(max_delay_s * 1e6)},
+            # what its ONNX Runtime units run at (``core.precision``), as Triton's parameters
+            "parameters": {"precision": {"string_value": precision.name if precision else
+                                         "float32"}},
             "instance_group": [{"name": f"{entry.name}_0", "kind": kind, "count": 1}]}
 
 

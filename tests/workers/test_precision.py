@@ -17,6 +17,7 @@ from planner.calibration import read_calibration
 from planner.settings import Settings
 from planner.store import open_store
 from planner.stored import model_key, read_compiled
+from planner.view.data import plan_description
 from service.commands import main
 from workers.array_backend import ArrayModel
 from workers.memory import MemoryProbe
@@ -87,6 +88,11 @@ def test_int8_served_without_torch_keeps_the_trained_models_accuracy(
             own = lean.profile.meta.get("chosen_from") or lean.fingerprint
             assert st.get_model(model_key(spec, "vbs", "time", precision_name)) == \
                 f"{own}.vbs.time"
+    table = lean8.tables["vbs"]  # /plan, the page: each unit's precision
+    units = plan_description(table, int(table.row(4).plans[-1]), 4, precision)["units"]
+    assert any(u["precision"] == "int8" for u in units)
+    assert all((u["precision"] == "int8") == (u["unit"] in precision.int8
+                                              and "onnxruntime" in u["runtime"]) for u in units)
     try:
         got8, got32 = _answers(worker8, x), _answers(worker32, x)
     finally:

@@ -259,9 +259,9 @@
         peak_bytes: p.peak_bytes, model_peak_bytes: p.model_peak_bytes, calls: p.calls,
         shape: p.shape,
         breakpoint_bytes: p.peak_bytes, unused_bytes: budget - p.peak_bytes,
-        units: p.units.map(([u, batches, need, runtime]) => ({
+        units: p.units.map(([u, batches, need, runtime, precision]) => ({
           unit: strategy.units[u], batches, need_bytes: need, unused_bytes: budget - need,
-          runtime}))};
+          runtime, precision: precision || 'float32'}))};
     }
 
     async plan(name, budget, r) {
@@ -598,12 +598,16 @@
         const name = svgEl('text', {x: row.depth * indent, y: y + 13, fill: '#1a1a1a', 'font-size': 12,
                                     'font-weight': row.kind === 'block' ? 600 : 400, class: 'unit-name'},
                            label);
+        const int8 = use.precision === 'int8';  // its ONNX Runtime graph quantized
         name.append(svgEl('tspan', {fill: '#4d4d4d', 'font-size': 10, 'font-weight': 400,
-                                    class: 'unit-runtime'}, ` ${RUNTIME_SHORT[runtime] || runtime}`));
+                                    class: 'unit-runtime'},
+                          ` ${RUNTIME_SHORT[runtime] || runtime}${int8 ? ' int8' : ''}`));
         const g = svgEl('g', {class: 'unit-row', 'data-unit': use.unit, 'data-kind': row.kind,
                               'data-batches': use.batches.join(','), 'data-unused': use.unused_bytes,
-                              'data-depth': row.depth, 'data-runtime': runtime},
-          svgEl('title', {}, `${use.unit}: phases of ${use.batches.join(', ')} samples on ${runtime}; ` +
+                              'data-depth': row.depth, 'data-runtime': runtime,
+                              'data-precision': use.precision || 'float32'},
+          svgEl('title', {}, `${use.unit}: phases of ${use.batches.join(', ')} samples on ${runtime}` +
+                `${int8 ? ' in int8' : ''}; ` +
                 `holds at most ${fmtBytes(use.need_bytes)}, ${fmtBytes(use.unused_bytes)} of the budget unused`),
           name);
         let x = nameW;

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# docs/benchmarks.md, "Precision": for each model, its float32 tables and its int8 ones
+# (`vbs plan --precision auto`, calibrated on the model's own example inputs, the guard at its
+# default), the int8 model as one ONNX file for Triton, then bench/peers.py over HTTP: vbs
+# float32, vbs int8, Triton + ONNX Runtime with the float32 export as users run it (threads
+# spinning) and tuned, and Triton with the same int8 file, interleaved rounds.
+#   bash bench/precision.sh [WORK_DIR] (default /tmp/vbs-precision); MODELS (space-separated),
+#   BATCH (the largest batch of every server), CLIENTS, ROUNDS and DURATION override
+set -euo pipefail
+cd "$(dirname "$0")/.."
+work=${1:-/tmp/vbs-precision}
+py=${PY:-.venv-peers/bin/python}
+vbs=$(dirname "$py")/vbs
+batch=${BATCH:-8}
+export VBS_CACHE_DIR=${VBS_CACHE_DIR:-$HOME/.cache/vbs-serve}
+store=${STORE:-$VBS_CACHE_DIR/peers-store}
+read -r -a models <<< "${MODELS:-resnet50 mobilenet_v2}"
+mkdir -p "$work"
+for model in "${models[@]}"; do
+  "$py" bench/calibration_samples.py --model "$model" --count 64 --out "$work/$model-calibration"
+  "$vbs" plan --model "$model" --store "$store" --batch-max "$batch" --quiet
+  "$vbs" plan --model "$model-int8=$model" --precision auto --calibration "$work/$model-calibration" \
+    --store "$store" --batch-max "$batch" --quiet
+  "$py" bench/int8_export.py --store "$store" --served "$model-int8" --model "$model" \
+    --out "$work/$model-int8.onnx"
+  "$py" bench/peers.py --model "$model" --store "$store" --batch-max "$batch" \
+    --clients "${CLIENTS:-8}" --duration "${DURATION:-20}" --warmup 5 --rounds "${ROUNDS:-2}" \
+    --batch-sizes "$batch" --int8 "$work/$model-int8.onnx" \
+    --only "vbs,vbs-int8,triton-ort-spin-$batch,triton-ort-$batch,triton-ort-int8-$batch" \
+    --json "$work/$model-peers.json"
+done
