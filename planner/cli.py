@@ -53,6 +53,20 @@ def add_runtime_arg(p: argparse.ArgumentParser) -> None:
                         "wherever it takes the unit, or torch (default: VBS_RUNTIME, auto)")
 
 
+def add_precision_args(p: argparse.ArgumentParser) -> None:
+    """``--precision``, ``--calibration``, ``--max-error``: int8 units (``planner.precision``)."""
+    p.add_argument("--precision", choices=["float32", "int8", "auto"],
+                   help="ONNX Runtime's units at float32, int8 (quantized from --calibration, "
+                        "the error guard keeping float32 the units that move the answer most) "
+                        "or auto (int8 given samples, else float32) (default: VBS_PRECISION)")
+    p.add_argument("--calibration", type=Path, metavar="DIR",
+                   help="samples of the model's input (.npy, or images) int8 is calibrated "
+                        "and guarded on (default: VBS_CALIBRATION)")
+    p.add_argument("--max-error", type=float, metavar="F",
+                   help="the guard: the largest share of held-out samples whose top-1 may "
+                        "differ from float32's (default: VBS_MAX_ERROR, 0.01)")
+
+
 def given_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The settings the flags that were given override (as JSON values)."""
     overrides: dict[str, Any] = {}
@@ -83,7 +97,12 @@ def load_capture(args: argparse.Namespace, settings: Settings) -> Any:
     shape = parse_shape(args.input_shape) if args.input_shape else None
     spec = ModelSpec(name=args.model, input_shape=shape, dtype=settings.dtype,
                      device=settings.device, weights=Path(args.weights) if args.weights else None)
-    return capture(load_model(spec))
+    cap = capture(load_model(spec))
+    if settings.precision == "float32":
+        return cap
+    from planner.precision import with_precision  # ONNX Runtime's quantizer
+
+    return with_precision(cap, settings.precision, settings.calibration, settings.max_error)
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
@@ -161,6 +180,7 @@ def add_parser(sub: Any) -> None:
     add_model_args(p)
     p.add_argument("--batch-max", type=positive_int, required=True, help="largest batch size to measure")
     add_runtime_arg(p)
+    add_precision_args(p)
     p.add_argument("--out", type=Path, help="write the profile JSON here (it is cached either way)")
     p.add_argument("--grid", action="store_true", help="measure a grid of batch sizes and interpolate")
     p.add_argument("--repeats", type=positive_int, help="timed runs per (unit, batch); default 5")

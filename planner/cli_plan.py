@@ -173,7 +173,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def add_common_args(p: argparse.ArgumentParser) -> None:
-    from planner.cli import add_runtime_arg
+    from planner.cli import add_precision_args, add_runtime_arg
 
     p.add_argument("--model", action="append",
                    help="[ALIAS=]NAME[@C,H,W]; repeat for several (default: VBS_MODELS)")
@@ -188,16 +188,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--objective", choices=["time", "energy"],
                    help="what the tables minimise (default: VBS_OBJECTIVE, time)")
     add_runtime_arg(p)
-    p.add_argument("--precision", choices=["float32", "int8", "auto"],
-                   help="ONNX Runtime's units at float32, int8 (quantized from --calibration, "
-                        "the error guard keeping float32 the units that move the answer most) "
-                        "or auto (int8 given samples, else float32) (default: VBS_PRECISION)")
-    p.add_argument("--calibration", type=Path, metavar="DIR",
-                   help="samples of the model's input (.npy, or images) int8 is calibrated "
-                        "and guarded on (default: VBS_CALIBRATION)")
-    p.add_argument("--max-error", type=float, metavar="F",
-                   help="the guard: the largest share of held-out samples whose top-1 may "
-                        "differ from float32's (default: VBS_MAX_ERROR, 0.01)")
+    add_precision_args(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

@@ -10,7 +10,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from planner.cli import add_model_args, add_runtime_arg, load_capture, positive_int, settings_from
+from planner.cli import (add_model_args, add_precision_args, add_runtime_arg, load_capture,
+                         positive_int, settings_from)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -52,6 +53,7 @@ def add_parser(sub: Any) -> None:
                                      "real model")
     add_model_args(p)
     add_runtime_arg(p)
+    add_precision_args(p)
     p.add_argument("--batch", type=positive_int, required=True, help="request size")
     p.add_argument("--memory", default="auto",
                    help="budgets: START:STOP:STEP (15MB:40MB:5MB), a list (10MB,20MB) or auto[:N] "

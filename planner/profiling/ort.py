@@ -1,7 +1,8 @@
 """Profiling ONNX Runtime beside torch: which units it takes, and what they cost in a run.
 
 A unit is ONNX Runtime's when its graph exported and its outputs equal torch's on real
-activations (at two batch sizes). Beside torch, only where its input and output are dense
+activations (at two batch sizes); an int8 unit's (``core.precision``) when its output has
+torch's shape, its values bounded by the guard on calibration samples (``planner.precision``). Beside torch, only where its input and output are dense
 there too: ONNX Runtime binds dense tensors only, so a channels-last input would need a copy
 before each call, and a dense output where the model has a channels-last one would give
 torch's next unit another layout than profiled (other kernels, other workspaces): memory the
