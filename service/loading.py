@@ -28,7 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-from core.errors import StoreError, TableFormatError, TableNotFoundError, VbsError
+from core.errors import StoreError, TableFormatError, TableNotFoundError, UsageError, VbsError
+from core.precision import FLOAT32, Precision
 from core.table import INTERIM
 from planner.families import build_preprocess, labels_for
 from planner.store import Backoff, PlanStore, open_store, printable_location
@@ -254,6 +255,14 @@ class ModelLoader:
             return None
         model = ArrayModel(prepared.compiled, prepared.profile.root, prepared.fingerprint)
         why = "" if must else model.unrunnable(prepared.tables[s.solver])
+        planned = Precision.from_json(prepared.compiled.meta.get("precision"))
+        if why and planned.int8 and s.precision == FLOAT32:
+            # with torch it would be captured at float32 and served so under the int8 name
+            raise UsageError(f"{entry.name}: planned int8, and its compiled model "
+                             f"{prepared.compiled_id} cannot run without torch ({why}); plan "
+                             "it again with this release, or serve it with torch at int8 "
+                             "(VBS_PRECISION=int8 and VBS_CALIBRATION, the samples it was "
+                             "planned with)")
         if why:  # (where it must, the worker refuses it, naming the fix)
             log.info("%s: served with torch: its compiled model %s %s", entry.name,
                      prepared.compiled_id, why)

@@ -207,7 +207,8 @@ def chosen_again(profile: Profile, capture: Capture, options: ProfileOptions) ->
         return dataclasses.replace(node, branches=tuple(again(b) for b in node.branches),
                                    unsupported=refusals(node))
 
-    meta = {**profile.meta, "runtime": options.runtime,
+    lean = {"lean": True} if options.lean else {}  # tables of the worker without torch
+    meta = {**profile.meta, **lean, "runtime": options.runtime,
             "fingerprint": fingerprint(capture, options), "chosen_from": profile.fingerprint}
     return Profile(profile.batch_max, again(profile.root), meta)  # type: ignore[arg-type]
 
@@ -504,8 +505,9 @@ def _meta(capture: Capture, options: ProfileOptions, grid: list[int],
     device = capture.model.device
     spec = capture.model.spec
     precision = {"precision": capture.precision.to_json()} if capture.precision.int8 else {}
+    lean = {"lean": True} if options.lean else {}  # tables of the worker without torch
     return {
-        **precision,
+        **precision, **lean,
         "model": spec.name, "input_shape": list(capture.input_shape), "dtype": spec.dtype,
         "device": device.type, "device_name": device_name(device), "torch": torch.__version__,
         "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,

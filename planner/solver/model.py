@@ -108,6 +108,9 @@ class Instance:
     runtime_choice: str = ""
     calls: dict[str, CallCost] = field(default_factory=dict)
     run_memory: RunMemory = field(default_factory=dict)  # runs the profiler measured whole
+    # the tables of the worker without torch (a ``lean`` profile): every block the named
+    # runtime takes runs whole inside one of its runs (that worker folds no join itself)
+    whole_blocks: bool = False
     grouping: str = ""  # the runtime whose units run in calls of runs (RunTable), '' for none
     # what every span of every RunTable holds inside its runtime (``runs.held_inside``): the
     # walk reads it instead of working it out again for every call of every plan it lays out
@@ -217,7 +220,8 @@ def build_instance(profile: Profile, objective: str = "time", *, count_request: 
     index = TreeIndex.of(profile.root)
     runs = _Runs(index, Pricing(index, calls, objective), grouping, profile.granule, run_memory,
                  B) if grouping else None
-    flat = _Flattener(B, objective, kinds, choice, count_request, runs)
+    whole_blocks = bool(profile.meta.get("lean")) and choice != rt.TORCH
+    flat = _Flattener(B, objective, kinds, choice, count_request, runs, whole_blocks)
     flat.chain(profile.root, is_branch=False, parent=None)
     chains = tuple(c for c in flat.chains if c is not None)
     if not chains[0].units:
@@ -226,7 +230,7 @@ def build_instance(profile: Profile, objective: str = "time", *, count_request: 
                     fingerprint=profile.fingerprint or content_fingerprint(profile),
                     locate=flat.locate, tree=profile.root,
                     granule=profile.granule, runtimes=kinds, runtime_choice=choice, calls=calls,
-                    run_memory=run_memory, grouping=grouping,
+                    run_memory=run_memory, grouping=grouping, whole_blocks=whole_blocks,
                     spans_held_inside=runs.spans_held_inside if runs is not None else {})
 
 
@@ -234,8 +238,9 @@ class _Flattener:
     """A profile's tree as chains, ids in the order met (a parent before its branches)."""
 
     def __init__(self, B: int, objective: str, kinds: tuple[str, ...], choice: str,
-                 count_request: bool, runs: _Runs | None) -> None:
+                 count_request: bool, runs: _Runs | None, whole_blocks: bool = False) -> None:
         self.B, self.objective, self.kinds, self.choice = B, objective, kinds, choice
+        self.whole_blocks = whole_blocks
         self.count_request = count_request
         self.runs = runs
         self.chains: list[Chain | None] = []
@@ -265,6 +270,10 @@ class _Flattener:
         time = _costs(m.time, "time", m.name, self.B, optional=True)
         cost = time if self.objective == "time" else _costs(m.energy, "energy", m.name, self.B,
                                                             optional=True)
+        if self.whole_blocks and self.choice in self.kinds and supports(m, self.choice):
+            # the worker without torch folds no join: a block its runtime takes runs whole
+            # inside one of its runs, never as branches the executor folds into the join
+            cost = (math.inf,) * self.B
         branches = tuple(self.chain(b, is_branch=True, parent=(cid, pos, a))
                          for a, b in enumerate(m.branches))
         return Unit(m.name, True, cost, time, (0,) * self.B, branches, m.join)

@@ -35,8 +35,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from core import runtimes as rt
 from core.errors import UsageError
 from core.program import Step, dispatches, program_id
+from core.runs import supports
 from core.sizes import check_slot_bytes
 from core.table import PlanTable, TablePlan, TableRow
 from core.tree import Profile
@@ -106,6 +108,23 @@ def _candidate(inst: Instance, program: baselines.Program, peak: int, rank: floa
                       program_id(((s.unit, s.samples, s.runtime) for s in steps), runs))
 
 
+def _keeps_choice(inst: Instance, c: _Candidate) -> bool:
+    """Whether a program another strategy proposes runs where the table's worker can: in the
+    tables of the worker without torch (``Instance.whole_blocks``), every unit or block the
+    named runtime takes runs inside one of its runs, as the DP's own plans do there (their
+    executor's steps cost ``inf``); the paper's DP and the baselines know no runs, and a
+    block they leave to the executor to fold cannot run without torch."""
+    choice = inst.runtime_choice
+    if not inst.whole_blocks or choice not in inst.runtimes or not rt.KINDS[choice].calls:
+        return True
+    covered = [False] * len(c.steps)
+    for start, end in c.runs:
+        covered[start:end + 1] = [True] * (end - start + 1)
+    nodes = {n.name: n for ch in inst.chains for n in ch.nodes}
+    return all(done or c.steps[k].unit not in nodes or not supports(nodes[c.steps[k].unit], choice)
+               for k, done in enumerate(covered))
+
+
 def _candidates(inst: Instance, solver: str, slot: int, M: int, dp: Callable[[str], ChainTables],
                 proposed: Callable[[str, int], list[_Candidate]], r: int) -> list[_Candidate]:
     """The programs ``solver`` proposes for r samples, each with the solver's rank.
@@ -128,7 +147,7 @@ def _candidates(inst: Instance, solver: str, slot: int, M: int, dp: Callable[[st
             out.append(_candidate(inst, (raw_steps(inst, raw), raw.runs), raw.peak))
         if solver == "vbs":
             out += [replace(c, rank=(c.cost, c.cost)) for other in ("paper", "fbs", "greedy")
-                    for c in proposed(other, r)]
+                    for c in proposed(other, r) if _keeps_choice(inst, c)]
         return out
     if solver in ("fbs", "fbs-best"):
         return [_candidate(inst, baselines.fbs_program(inst, c, r, a),

@@ -139,3 +139,35 @@ def test_carry_phases_reach_the_optimum_splits_miss():
                       batch_max=5)
     best, vbs, paper = check_against_oracle(p, 4, 15)
     assert best == vbs == 14 and paper > 14
+
+
+@settings(max_examples=300, **SETTINGS)
+@given(with_onnxruntime(small_tree(max_layers=4, max_batch=3)))
+def test_tables_of_the_worker_without_torch_run_every_block_it_takes_inside_a_run(case):
+    """The worker without torch folds no join: in its tables (a ``lean`` profile, every step
+    on ONNX Runtime) no plan of any request size leaves a unit or block ONNX Runtime takes
+    outside one of its runs, whether the DP found it or vbs took it from another strategy
+    (paper's DP and the baselines know no runs). Fails when a block's fold is priced for the
+    executor there, or another strategy's program is taken unchecked."""
+    from dataclasses import replace
+
+    from core.runs import supports
+    from core.tree import iter_nodes
+    from planner.solver.tables import build_tables
+
+    from hypothesis import assume
+
+    from core.tree import iter_layers
+
+    profile, _, _ = case
+    # a model ONNX Runtime takes no unit of is served with torch, never by that worker
+    assume(any(dict(u.runtimes).get("onnxruntime") for u in iter_layers(profile.root)))
+    lean = replace(profile, meta={**profile.meta, "runtime": "onnxruntime", "lean": True})
+    nodes = {n.name: n for n in iter_nodes(lean.root)}
+    table = build_tables(lean, ("vbs",), slot_bytes=1)["vbs"]
+    for index, plan in enumerate(table.plans):
+        steps = table.program(index).steps
+        covered = {k for start, end in plan.runs for k in range(start, end + 1)}
+        for k, step in enumerate(steps):
+            if k not in covered and step.unit in nodes:
+                assert not supports(nodes[step.unit], "onnxruntime"), (plan.plan_id, step)
