@@ -5,7 +5,8 @@
 # float32, vbs int8, Triton + ONNX Runtime with the float32 export as users run it (threads
 # spinning) and tuned, and Triton with the same int8 file, interleaved rounds.
 #   bash bench/precision.sh [WORK_DIR] (default /tmp/vbs-precision); MODELS (space-separated),
-#   BATCH (the largest batch of every server), CLIENTS, ROUNDS and DURATION override
+#   BATCH (the largest batch of every server), CLIENTS, ROUNDS, DURATION and MAX_ERROR (the
+#   guard's bound, default 0.01) override
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=${1:-/tmp/vbs-precision}
@@ -18,9 +19,9 @@ read -r -a models <<< "${MODELS:-resnet50 mobilenet_v2}"
 mkdir -p "$work"
 for model in "${models[@]}"; do
   "$py" bench/calibration_samples.py --model "$model" --count 64 --out "$work/$model-calibration"
-  "$vbs" plan --model "$model" --store "$store" --batch-max "$batch" --quiet
+  "$vbs" plan --model "$model" --store "$store" --batch-max "$batch" --replan --quiet
   "$vbs" plan --model "$model-int8=$model" --precision auto --calibration "$work/$model-calibration" \
-    --store "$store" --batch-max "$batch" --quiet
+    --max-error "${MAX_ERROR:-0.01}" --store "$store" --batch-max "$batch" --replan --quiet
   "$py" bench/int8_export.py --store "$store" --served "$model-int8" --model "$model" \
     --out "$work/$model-int8.onnx"
   "$py" bench/peers.py --model "$model" --store "$store" --batch-max "$batch" \

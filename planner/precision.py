@@ -70,6 +70,9 @@ def with_precision(capture: Capture, choice: str, calibration: Path | None,
         return replace(capture, precision=replace(
             FLOAT, why="auto: no calibration samples (--calibration DIR), so float32"))
     why = unavailable(capture)
+    if why and choice == AUTO:
+        return replace(capture, precision=replace(
+            FLOAT, why=f"auto: int8 units run on ONNX Runtime, and {why}; so float32"))
     if why:
         raise UsageError(f"--precision {choice}: int8 units run on ONNX Runtime, and {why}")
     samples = read_calibration(calibration, capture.model.spec.name, capture.input_shape)
@@ -207,4 +210,4 @@ def _guard(capture: Capture, graphs: UnitGraphs, units: dict[str, _Unit], sample
         tuple(layers)
 
 
-__all__ = ["AUTO", "with_precision"]
+__all__ = ["with_precision"]

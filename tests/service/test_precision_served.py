@@ -50,7 +50,7 @@ def test_int8_and_float32_served_side_by_side_say_their_precision(
                 assert config["parameters"]["precision"] == {"string_value": want}
                 plan = (await client.get("/plan", params={"model": name, "mem": "1GB",
                                                           "batch": 2})).json()
-                units = {u["precision"] for u in plan["units"]}
+                units = {u["precision"] for u in plan["plan"]["units"]}
                 assert ("int8" in units) if want == "int8" else units == {"float32"}
                 body = {"inputs": [{"name": "input", "shape": [2, 1, 16, 16],
                                     "datatype": "FP32", "data": sample.ravel().tolist()}]}

@@ -104,6 +104,10 @@ def test_int8_served_without_torch_keeps_the_trained_models_accuracy(
         want = model.eval()(torch.from_numpy(x)).numpy()
     assert np.allclose(got32, want, rtol=1e-4, atol=1e-4)  # float32 served is model(x)
     acc8, acc32 = float((got8.argmax(1) == y).mean()), float((want.argmax(1) == y).mean())
+    # the figure docs/benchmarks.md section 13 quotes (`pytest -s -k trained_models_accuracy`)
+    print(f"\ndigits, {len(y)} held-out: float32 {100 * acc32:.2f}%, int8 served "
+          f"{100 * acc8:.2f}% ({len(precision.int8)} units int8), top-1 as float32's on "
+          f"{100 * float((got8.argmax(1) == want.argmax(1)).mean()):.2f}%")
     assert acc32 > 0.9, acc32  # it learned the digits
     assert acc8 >= acc32 - 0.01, (acc8, acc32)
     assert not np.allclose(got8, want, rtol=1e-4, atol=1e-4)  # int8 ran, not float32
