@@ -5,6 +5,8 @@ section 8).
 
     .venv/bin/python bench/load_figures.py --store ~/.cache/vbs-serve/many-store \\
         --shape 3,224,224 resnet50 alexnet resnet34
+    .venv/bin/python bench/load_figures.py --store ~/.cache/vbs-serve/peers-store \\
+        --shape default resnet50 resnet50-int8=resnet50    # section 13
 """
 
 from __future__ import annotations
@@ -23,17 +25,19 @@ MiB = 2**20
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("models", nargs="+", help="served names, planned with --model NAME@SHAPE")
+    ap.add_argument("models", nargs="+", help="served names, planned with --model "
+                                               "[ALIAS=]NAME@SHAPE (give ALIAS=NAME)")
     ap.add_argument("--store", required=True)
-    ap.add_argument("--shape", default="3,224,224")
+    ap.add_argument("--shape", default="3,224,224", help="C,H,W, or default (planned without)")
     ap.add_argument("--solver", default="vbs")
     ap.add_argument("--objective", default="time")
     args = ap.parse_args()
-    shape = tuple(int(d) for d in args.shape.split(","))
-    for name in args.models:
-        _, c = measure_load(args.store, name, ModelSpec(name=name, input_shape=shape),
+    shape = None if args.shape == "default" else tuple(int(d) for d in args.shape.split(","))
+    for entry in args.models:
+        name, _, model = entry.partition("=")
+        _, c = measure_load(args.store, name, ModelSpec(name=model or name, input_shape=shape),
                             args.solver, args.objective)
-        print(f"{name}: weights {c.weights_bytes / MiB:.0f} MiB, keeps {c.kept_bytes / MiB:.0f} "
+        print(f"{entry}: weights {c.weights_bytes / MiB:.0f} MiB, keeps {c.kept_bytes / MiB:.0f} "
               f"(sessions {c.held_bytes / MiB:.0f}), making_seen {c.making_seen:.2f} per weight "
               f"byte, a session asks {c.making_factor:.2f}x ({c.making_bytes / MiB:.0f} MiB), "
               f"load {c.load_s:.2f} s")

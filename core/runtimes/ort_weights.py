@@ -50,6 +50,8 @@ _OUT_FILE = "session.optimized_model_external_initializers_file_name"
 _OUT_MIN = "session.optimized_model_external_initializers_min_size_in_bytes"
 _PACKED = "packed-weights.bin"  # the weights sessions pack (``_packed_inputs``), read as made
 _PACKS = frozenset({"MatMul", "Gemm", "FusedMatMul", "FusedGemm"})
+# int8 kernels (a QDQ graph's convolutions and products, fused) pack their weight, input 3
+_PACKS_INT8 = frozenset({"QLinearConv", "QLinearMatMul", "QGemm"})
 
 
 @dataclass(frozen=True)
@@ -195,10 +197,12 @@ class SharedWeights:
 
 def _packed_inputs(graph: onnx.GraphProto) -> set[str]:
     """The weights ONNX Runtime packs into a layout of its own as a session is made (the B of
-    a MatMul or Gemm): given to the session as its own, it frees them once packed; shared
-    (``add_initializer``), they stay beside the packed copy, the weights twice."""
+    a MatMul or Gemm, the int8 weight of a QLinearConv, QLinearMatMul or QGemm): given to the
+    session as its own, it frees them once packed; shared (``add_initializer``), they stay
+    beside the packed copy, the weights twice."""
     return {node.input[1] for node in graph.node
-            if node.op_type in _PACKS and len(node.input) > 1}
+            if node.op_type in _PACKS and len(node.input) > 1} | {
+        node.input[3] for node in graph.node if node.op_type in _PACKS_INT8 and len(node.input) > 3}
 
 
 def _externalised(model: onnx.ModelProto, folder: str, name: str, min_bytes: int,
