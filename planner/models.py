@@ -1,8 +1,8 @@
 """Load the model to plan: built by its family (``planner.families``: a torchvision name, the
 built-in ``c3d``, or ``pkg.module:factory``), its weights loaded, on its device and dtype.
 
-Models are built with random weights (no hub downloads); a weights file is a state_dict read
-with ``torch.load(..., weights_only=True)``. Every failure is a ModelError that says what
+Models are built with random weights (no hub downloads), the same in every process (seeded);
+a weights file is a state_dict read with ``torch.load(..., weights_only=True)``. Every failure is a ModelError that says what
 was wrong and what to do. ``sketch_model`` builds one on the meta device (or, where its
 construction needs real tensors, on the CPU with its weights left unset): what its weights
 take and its output shape, without the memory (a server weighs a model before it loads it).
@@ -26,6 +26,7 @@ from core.loaded import DTYPES, LoadedModel, ModelSpec
 from planner.families import family_of
 
 ONEDNN_CACHE = 8192  # primitives: every unit's kernels at every batch size of a profile
+WEIGHTS_SEED = 0  # a model's random weights (no weights file): bench/peers.py's peers use it too
 
 
 def apply_threads(threads: int) -> None:
@@ -78,7 +79,11 @@ def _check(spec: ModelSpec) -> None:
 def load_model(spec: ModelSpec) -> LoadedModel:
     """Build the model, load its weights, and put it in eval mode on its device and dtype."""
     _check(spec)
-    model = _build(spec.name)
+    with torch.random.fork_rng(devices=[]):  # the process's own random stream left as it was
+        # random weights the same in every process: without a weights file the planner's
+        # compiled graphs, a torch worker's capture and the int8 guard's verdict are of one model
+        torch.manual_seed(WEIGHTS_SEED)
+        model = _build(spec.name)
     if spec.weights is not None:
         _load_weights(model, spec.weights)
     shape = spec.input_shape or getattr(model, "input_shape", None) or \
