@@ -535,6 +535,9 @@ def cached_profile(capture: Capture, options: ProfileOptions, cache_dir: Path,
             log.warning("ignoring unreadable cached profile %s: %s", path, exc)
         else:
             log.info("profile cache hit: %s", path)
+            if capture.precision.int8:  # the same kernels; what the guard measured is now's
+                profile = dataclasses.replace(profile, meta={
+                    **profile.meta, "precision": capture.precision.to_json()})
             return profile, True
     profile = measure(capture, options, progress=progress)
     try:

@@ -158,3 +158,18 @@ def test_precision_without_samples_or_with_wrong_ones_says_what_to_give(
         read_calibration(wrong, NAME, SHAPE)
     with pytest.raises(UsageError, match="no such folder"):
         read_calibration(tmp_path / "none", NAME, SHAPE)
+
+
+def test_a_plan_says_what_its_own_guard_measured_when_the_profile_is_cached(
+        tmp_path: Path, trained: tuple[Path, Path, np.ndarray, np.ndarray]) -> None:
+    """The int8 units' kernels are the fingerprint's (their names and the samples'), so a
+    second plan reuses the cached profile; the guard's record (its bound, what it measured)
+    is that plan's own, not the first's."""
+    weights, folder, _, _ = trained
+    for bound in ("0.5", "0.25"):
+        assert _plan(tmp_path, weights, "d8", "--precision", "int8", "--calibration",
+                     str(folder), "--max-error", bound, "--replan") == 0
+    worker, lean = _served(tmp_path / "store", "d8", weights)
+    worker.release()
+    assert Precision.from_json(lean.profile.meta["precision"]).max_error == 0.25
+    assert Precision.from_json(lean.compiled.meta["precision"]).max_error == 0.25
