@@ -48,9 +48,11 @@ MIN_WEIGHT = 64  # elements: a unit with no int8 weight this large gains nothing
 
 @dataclass(frozen=True)
 class _Unit:
-    """A unit's int8 graph and how far its own output moved from float32's on the samples."""
+    """A unit's int8 graph, its session, and how far its own output moved from float32's on
+    the samples."""
 
     graph: onnx.ModelProto
+    session: ort.InferenceSession
     error: float  # ||int8 - float32|| / ||float32|| on the calibration samples
 
 
@@ -101,7 +103,8 @@ def _quantize_units(capture: Capture, graphs: UnitGraphs, samples: Calibration
             if graph is not None:
                 found = _quantize(graph, x.contiguous().numpy(), Path(work))
                 if found is not None:
-                    out[unit.name] = _Unit(found, _relative(_run(found, x), y))
+                    session = _session(found)
+                    out[unit.name] = _Unit(found, session, _relative(_run(session, x), y))
             return y
 
         x = torch.from_numpy(samples.fit).to(capture.model.torch_dtype)
@@ -158,8 +161,7 @@ def _session(graph: onnx.ModelProto) -> ort.InferenceSession:
                                 providers=["CPUExecutionProvider"])
 
 
-def _run(graph: onnx.ModelProto | ort.InferenceSession, x: torch.Tensor) -> torch.Tensor:
-    session = graph if isinstance(graph, ort.InferenceSession) else _session(graph)
+def _run(session: ort.InferenceSession, x: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(session.run(None, {"x": x.contiguous().numpy()})[0])
 
 
@@ -174,14 +176,13 @@ def _guard(capture: Capture, graphs: UnitGraphs, units: dict[str, _Unit], sample
     while top-1 disagreement with float32 exceeds ``max_error``, the units whose output moved
     most go back to float32, one, then twice as many, until it holds (or none is left)."""
     x = torch.from_numpy(samples.held_out).to(capture.model.torch_dtype)
-    sessions = {name: _session(u.graph) for name, u in units.items()}
     with torch.inference_mode(), MODULE_GATE.running():
         want = run_node(capture, capture.tree, x)
 
         def measure(kept: tuple[str, ...]) -> tuple[float, float]:
             def runner(unit: Layer, y: torch.Tensor, own: bool) -> torch.Tensor:
                 if unit.name in kept:
-                    return _run(sessions[unit.name], y)
+                    return _run(units[unit.name].session, y)
                 return run_unit(capture, unit, y)
 
             got = run_node(capture, capture.tree, x, runner=runner)

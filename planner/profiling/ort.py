@@ -235,9 +235,7 @@ def _check(capture: Capture, units: OrtUnits, graphs: UnitGraphs, x: torch.Tenso
         # int8 units answer as the guard measured on calibration samples (``core.precision``),
         # not as torch does: their shape is checked here, their values were there
         int8 = any(capture.precision.of(n.name) == INT8 for n in iter_nodes(node))
-        why = differs(got, want) if not int8 else (
-            "" if got.shape == want.shape else
-            f"its output has shape {tuple(got.shape)}, torch's {tuple(want.shape)}")
+        why = differs(got, want, values=not int8)
         if why:
             unsupported[node.name] = why
 

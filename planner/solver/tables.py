@@ -120,9 +120,11 @@ def _keeps_choice(inst: Instance, c: _Candidate) -> bool:
     covered = [False] * len(c.steps)
     for start, end in c.runs:
         covered[start:end + 1] = [True] * (end - start + 1)
-    nodes = {n.name: n for ch in inst.chains for n in ch.nodes}
-    return all(done or c.steps[k].unit not in nodes or not supports(nodes[c.steps[k].unit], choice)
-               for k, done in enumerate(covered))
+    def taken(unit: str) -> bool:
+        cid, pos = inst.locate[unit]
+        return supports(inst.chains[cid].nodes[pos], choice)
+
+    return all(done or not taken(c.steps[k].unit) for k, done in enumerate(covered))
 
 
 def _candidates(inst: Instance, solver: str, slot: int, M: int, dp: Callable[[str], ChainTables],
