@@ -100,7 +100,7 @@ def _as_table(args: argparse.Namespace, profile: Any, memory: int, slot_arg: int
     """``--table``: the table's answer for (batch, memory), made from the profile and the
     measurements the table keeps, by the code `vbs plan` publishes with (solve = table)."""
     from planner.solver.compare import BASELINE
-    from planner.solver.selection import chosen
+    from planner.solver.selection import LARGER, chosen
     from planner.solver.tables import build_tables
 
     given = _read_table(args.table)
@@ -117,7 +117,9 @@ def _as_table(args: argparse.Namespace, profile: Any, memory: int, slot_arg: int
     if args.batch > given.batch_max:
         raise UsageError(f"--batch {args.batch} is larger than the table's batch_max "
                          f"{given.batch_max}")
-    solvers = (given.solver, BASELINE) if given.measurements else (given.solver,)
+    # measured: fbs-best's and fbs's tables too, the rivals `vbs plan` measured them against
+    solvers = tuple(dict.fromkeys((given.solver, BASELINE, LARGER) if given.measurements
+                                  else (given.solver,)))
     tables = build_tables(profile, solvers, objective=given.objective,
                           slot_bytes=given.slot_bytes)
     if given.measurements is not None:

@@ -1,7 +1,7 @@
-"""Measured selection at plan time: `vbs plan` runs every plan of the served table and every
-uniform plan of fbs-best in the executor, as a worker runs them, and at every budget the table
-gives fbs-best's plan unless another measured faster there (``planner.solver.selection``
-holds the rule).
+"""Measured selection at plan time: `vbs plan` runs every plan of the served table, every
+uniform plan of fbs-best and the larger uniform batches fbs-best passed over in the executor,
+as a worker runs them, and at every budget the table gives fbs-best's plan unless another
+measured faster there (``planner.solver.selection`` holds the rule).
 
 Why here: running a plan needs the executor and the unit runtimes (workers/), above the
 planner, which only builds tables; ``planner.pipeline.prepare`` takes this as its ``select``
@@ -28,7 +28,7 @@ from core.runtimes.base import RuntimeOptions
 from core.table import Measurements, PlanTable
 from core.units import Capture
 from planner.solver.compare import BASELINE
-from planner.solver.selection import MARGIN, chosen, to_measure
+from planner.solver.selection import MARGIN, chosen, larger, to_measure
 from workers.executor import execute
 
 log = logging.getLogger("vbs.plan")
@@ -57,10 +57,11 @@ def selected(capture: Capture, tables: Mapping[str, PlanTable], solver: str, rou
     if rounds < 1 or solver == BASELINE or table.objective != "time":
         return dict(tables)
     t0 = time.perf_counter()
-    seconds = measure(capture, table, tables[BASELINE], rounds, sizes)
+    seconds = measure(capture, table, tables[BASELINE], rounds, sizes, larger(tables))
     out, done = chosen(tables, solver, Measurements.of(margin, seconds), sizes)
     assert done is not None
-    note(f"{capture.model.spec.name}: {len(seconds)} plans of {solver} and fbs-best measured "
+    note(f"{capture.model.spec.name}: {len(seconds)} plans of {solver}, fbs-best and larger "
+         "uniform batches measured "
          f"in {time.perf_counter() - t0:.1f} s ({rounds} rounds, table {table.fingerprint}): "
          f"{done.kept} other plans measured faster than fbs-best's at some budget "
          f"and take it, {done.replaced} gave way to it")
@@ -68,9 +69,10 @@ def selected(capture: Capture, tables: Mapping[str, PlanTable], solver: str, rou
 
 
 def measure(capture: Capture, table: PlanTable, uniform: PlanTable, rounds: int,
-            sizes: Collection[int] | None = None) -> dict[str, list[float]]:
+            sizes: Collection[int] | None = None, bigger: PlanTable | None = None
+            ) -> dict[str, list[float]]:
     """Seconds of every plan ``to_measure`` names, one per round, by plan id (``sizes``:
-    of those request sizes only)."""
+    of those request sizes only; ``bigger``: fbs's table, its batches above fbs-best's)."""
     model = capture.model
     device = model.device
     loaded = {name: rt.load(name, capture, RuntimeOptions())
@@ -83,7 +85,7 @@ def measure(capture: Capture, table: PlanTable, uniform: PlanTable, rounds: int,
             with torch.inference_mode():
                 expected = model.module(x)
             jobs = []
-            for t, index in to_measure(table, uniform, r):
+            for t, index in to_measure(table, uniform, r, bigger):
                 plan = t.plan(index, r, t.plans[index].peak_bytes)
                 job = (lambda p=plan: execute(capture, p.program.steps, x, p.split_map,
                                               p.run_map, loaded))

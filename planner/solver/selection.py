@@ -11,8 +11,11 @@ needs the runtimes, above the planner) and calls it.
 
 The rule, row by row: the row is fbs-best's (the uniform batch a tuned user would pick at
 each budget, chosen by the profile), and every other plan the solver's table holds for that
-request size (a per-unit plan, or another uniform batch) is a challenger, taken from its peak
-up only where it wins against fbs-best's plan there: its median at least ``MARGIN`` faster
+request size (a per-unit plan, or another uniform batch) is a challenger, and so is every
+uniform batch larger than the largest fbs-best picks (fbs's plans above its top peak: the
+profile prices small calls low, section 3, so fbs-best can pass over a larger batch that runs
+faster, such as one call of all r samples), each taken from its peak up only where it wins
+against fbs-best's plan there: its median at least ``MARGIN`` faster
 and its slowest round faster than that plan's fastest (beyond the rounds' spread). So at every
 budget the row gives fbs-best's plan or one that measured faster than it in the same rounds,
 and a row where nothing won is fbs-best's: two measurements of one uniform batch against
@@ -32,6 +35,8 @@ from core.errors import UsageError
 from core.table import Measurements, PlanTable, TablePlan, TableRow
 from planner.solver.compare import BASELINE
 
+LARGER = "fbs"  # the table whose uniform batches above fbs-best's largest challenge it too
+
 # how much faster (median) a challenger must measure than fbs-best's plan: beyond the 8-16%
 # that one plan measures apart from run to run on a shared VM (docs/benchmarks.md section 2:
 # at 3%, its slowest round below the rival's median, a uniform batch of 4 won in the
@@ -48,15 +53,37 @@ class Selected:
     replaced: int  # challengers that won none: fbs-best's plan stayed
 
 
-def to_measure(table: PlanTable, uniform: PlanTable, r: int) -> list[tuple[PlanTable, int]]:
+def larger(tables: Mapping[str, PlanTable]) -> PlanTable | None:
+    """The table whose uniform batches larger than fbs-best's challenge it (fbs's: the
+    largest that fits at each budget), where ``tables`` holds it."""
+    return tables.get(LARGER)
+
+
+def to_measure(table: PlanTable, uniform: PlanTable, r: int, bigger: PlanTable | None = None
+               ) -> list[tuple[PlanTable, int]]:
     """The plans of r samples to run, as (table, plan index), each once however many budgets
-    share it: every plan of ``table``'s row and of ``uniform``'s."""
+    share it: every plan of ``table``'s row and of ``uniform``'s, and ``bigger``'s (fbs's)
+    above ``uniform``'s top peak."""
     _same_units(table, uniform)
     out: dict[str, tuple[PlanTable, int]] = {}
     for t in (table, uniform):
         for p in t.row(r).plans.tolist():
             out.setdefault(t.plans[p].plan_id, (t, p))
+    for _, p in _above(uniform, bigger, r):
+        assert bigger is not None
+        out.setdefault(bigger.plans[p].plan_id, (bigger, p))
     return list(out.values())
+
+
+def _above(uniform: PlanTable, bigger: PlanTable | None, r: int) -> list[tuple[int, int]]:
+    """(peak, plan index) of ``bigger``'s row of r above ``uniform``'s top peak: the larger
+    uniform batches fbs-best passed over."""
+    if bigger is None:
+        return []
+    _same_units(bigger, uniform)
+    top = int(uniform.row(r).peaks[-1])
+    row = bigger.row(r)
+    return [(peak, p) for peak, p in zip(row.peaks.tolist(), row.plans.tolist()) if peak > top]
 
 
 def wins(plan: Sequence[float], rival: Sequence[float], margin: float = MARGIN) -> bool:
@@ -67,10 +94,12 @@ def wins(plan: Sequence[float], rival: Sequence[float], margin: float = MARGIN) 
 
 
 def select(table: PlanTable, uniform: PlanTable, seconds: Mapping[str, Sequence[float]],
-           margin: float = MARGIN, sizes: Collection[int] | None = None) -> Selected:
+           margin: float = MARGIN, sizes: Collection[int] | None = None,
+           bigger: PlanTable | None = None) -> Selected:
     """``table`` with each row chosen by measurement (see the module doc); ``seconds``: every
     plan of ``to_measure``'s rounds by plan id (seconds for its r samples); ``sizes``: the
-    request sizes chosen so (default all; the other rows stay as solved, unmeasured)."""
+    request sizes chosen so (default all; the other rows stay as solved, unmeasured);
+    ``bigger``: fbs's table, whose uniform batches above fbs-best's challenge too."""
     _same_units(table, uniform)
     plans: list[TablePlan] = []
     by_id: dict[str, int] = {}
@@ -90,7 +119,7 @@ def select(table: PlanTable, uniform: PlanTable, seconds: Mapping[str, Sequence[
             rows.append(TableRow(row.peaks.copy(), np.array([add(table.plans[p]) for p in
                                                              row.plans.tolist()], dtype=np.int64)))
             continue
-        row, won, lost = _row(table, uniform, r, seconds, margin)
+        row, won, lost = _row(table, uniform, r, seconds, margin, bigger)
         kept, replaced = kept + won, replaced + lost
         rows.append(TableRow(np.array([peak for peak, _ in row], dtype=np.int64),
                              np.array([add(tp) for _, tp in row], dtype=np.int64)))
@@ -113,9 +142,12 @@ def chosen(tables: Mapping[str, PlanTable], solver: str, measurements: Measureme
     table = tables[solver]
     if solver == BASELINE or table.objective != "time":
         return dict(tables), None
-    done = select(table, tables[BASELINE], measurements.seconds, measurements.margin, sizes)
-    return ({**tables, solver: done.table,
-             BASELINE: with_measured(tables[BASELINE], measurements.seconds)}, done)
+    seconds = measurements.seconds
+    done = select(table, tables[BASELINE], seconds, measurements.margin, sizes, larger(tables))
+    out = {**tables, solver: done.table, BASELINE: with_measured(tables[BASELINE], seconds)}
+    if LARGER in tables and LARGER != solver:
+        out[LARGER] = with_measured(tables[LARGER], seconds)
+    return out, done
 
 
 def with_measured(table: PlanTable, seconds: Mapping[str, Sequence[float]]) -> PlanTable:
@@ -127,16 +159,23 @@ def with_measured(table: PlanTable, seconds: Mapping[str, Sequence[float]]) -> P
 
 
 def _row(table: PlanTable, uniform: PlanTable, r: int, seconds: Mapping[str, Sequence[float]],
-         margin: float) -> tuple[list[tuple[int, TablePlan]], int, int]:
+         margin: float, bigger: PlanTable | None = None
+         ) -> tuple[list[tuple[int, TablePlan]], int, int]:
     """The row of r: fbs-best's plans, each budget's own, overlaid by every other plan of
-    ``table``'s row (a challenger) from its peak up for as long as it wins against the
-    uniform plan there; with how many challengers won and lost."""
+    ``table``'s row and ``bigger``'s above fbs-best's top (a challenger) from its peak up for
+    as long as it wins against the uniform plan there; with how many challengers won and
+    lost."""
     ids = {uniform.plans[p].plan_id for p in uniform.row(r).plans.tolist()}
+    found: dict[str, tuple[int, TablePlan]] = {}
+    for peak, tp in ([(peak, table.plans[p]) for peak, p in
+                      zip(table.row(r).peaks.tolist(), table.row(r).plans.tolist())] +
+                     [(peak, bigger.plans[p]) for peak, p in _above(uniform, bigger, r)
+                      if bigger is not None]):
+        if tp.plan_id not in ids:
+            found.setdefault(tp.plan_id, (peak, tp))
     events = sorted([(peak, 0, uniform.plans[p]) for peak, p in
                      zip(uniform.row(r).peaks.tolist(), uniform.row(r).plans.tolist())] +
-                    [(peak, 1, table.plans[p]) for peak, p in
-                     zip(table.row(r).peaks.tolist(), table.row(r).plans.tolist())
-                     if table.plans[p].plan_id not in ids],
+                    [(peak, 1, tp) for peak, tp in found.values()],
                     key=lambda e: (e[0], e[1]))
     row: list[tuple[int, TablePlan]] = []
     rival: TablePlan | None = None  # fbs-best's plan at this budget
@@ -182,4 +221,5 @@ def _same_units(table: PlanTable, uniform: PlanTable) -> None:
                          "(units, runtimes, granule or batch_max differ): build them together")
 
 
-__all__ = ["MARGIN", "Selected", "chosen", "select", "to_measure", "wins", "with_measured"]
+__all__ = ["LARGER", "MARGIN", "Selected", "chosen", "larger", "select", "to_measure", "wins",
+           "with_measured"]

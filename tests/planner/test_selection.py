@@ -1,7 +1,8 @@
 """Measured selection (``planner.solver.selection``): a per-unit plan that measured slower than
 the uniform batch at its budget gives way to it, one that measured faster beyond the margin
-and the spread stays; at every budget the row's plan measured at least as fast as fbs-best's
-there; the table keeps every plan's measured time beside its prediction, through its bytes.
+and the spread stays, and so does a larger uniform batch fbs-best passed over; at every budget
+the row's plan measured at least as fast as fbs-best's there; the table keeps every plan's
+measured time beside its prediction, through its bytes.
 The times are given (the rule alone); tests/workers/test_plan_selection.py runs the plans."""
 
 from __future__ import annotations
@@ -22,17 +23,17 @@ PROFILE = googlenet_like(6, seed=7)
 
 @pytest.fixture(scope="module")
 def tables() -> dict[str, PlanTable]:
-    return build_tables(PROFILE, ("vbs", "fbs-best"), slot_count=96)
+    return build_tables(PROFILE, ("vbs", "fbs", "fbs-best"), slot_count=96)
 
 
 def measured(tables: dict[str, PlanTable], per_unit: float) -> dict[str, list[float]]:
     """Three rounds of every plan to measure: the prediction, times ``per_unit`` for a plan
     that is not uniform, 1% apart."""
     vbs, uniform = tables["vbs"], tables["fbs-best"]
-    ids = {p.plan_id for p in uniform.plans}
+    ids = {p.plan_id for p in uniform.plans} | {p.plan_id for p in tables["fbs"].plans}
     out = {}
     for r in range(1, vbs.batch_max + 1):
-        for t, i in to_measure(vbs, uniform, r):
+        for t, i in to_measure(vbs, uniform, r, tables["fbs"]):
             tp = t.plans[i]
             base = tp.time_total * (1.0 if tp.plan_id in ids else per_unit)
             out[tp.plan_id] = [base * 0.99, base, base * 1.01]
@@ -100,6 +101,83 @@ def test_where_nothing_wins_by_the_margin_the_row_is_fbs_bests_at_every_budget(t
             except InfeasibleError:
                 continue
             assert done.table.lookup(r, b).plan_id == want
+
+
+def _small_calls_cheap(profile, best: int = 2):  # type: ignore[no-untyped-def]
+    """``profile`` with every batch above ``best`` 15% dearer per sample than ``best``: the
+    profile's bias the selection corrects (small calls priced low), so that fbs-best's largest
+    batch is ``best`` and larger uniform batches lie above it."""
+    from core.tree import profile_from_json, profile_to_json
+
+    def walk(node):  # type: ignore[no-untyped-def]
+        if isinstance(node, dict):
+            times = node.get("time")
+            if isinstance(times, list) and len(times) > best:
+                node["time"] = [t if b <= best else times[best - 1] * b / best * 1.15
+                                for b, t in enumerate(times, start=1)]
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    raw = profile_to_json(profile)
+    walk(raw["root"])
+    return profile_from_json(raw)
+
+
+@pytest.fixture(scope="module")
+def small_cheap() -> dict[str, PlanTable]:
+    return build_tables(_small_calls_cheap(PROFILE), ("vbs", "fbs", "fbs-best"), slot_count=96)
+
+
+def _passed_over(tables: dict[str, PlanTable]) -> dict[int, set[str]]:
+    """By request size, the ids of fbs's uniform batches larger than fbs-best's largest that
+    neither fbs-best's row nor vbs's holds."""
+    vbs, uniform, fbs = tables["vbs"], tables["fbs-best"], tables["fbs"]
+    out = {}
+    for r in range(1, vbs.batch_max + 1):
+        held = {t.plans[p].plan_id for t in (vbs, uniform) for p in t.row(r).plans.tolist()}
+        top = int(uniform.row(r).peaks[-1])
+        out[r] = {fbs.plans[p].plan_id for peak, p in zip(fbs.row(r).peaks.tolist(),
+                                                            fbs.row(r).plans.tolist())
+                  if peak > top} - held
+    return out
+
+
+@pytest.mark.parametrize("factor", [0.5, 1.0, 2.0])
+def test_a_larger_uniform_batch_fbs_best_passed_over_is_measured_and_wins_only_by_the_margin(
+        small_cheap, factor):
+    """The profile prices small calls low, so fbs-best can pass over a larger uniform batch
+    that runs faster (one call of all r samples): such a batch is measured too, and takes the
+    budgets from its peak up where it beats fbs-best's plan (factor 0.5), and no budget where
+    it measures alike or slower (the row is what it is without it)."""
+    tables = small_cheap
+    vbs, uniform, fbs = tables["vbs"], tables["fbs-best"], tables["fbs"]
+    passed = _passed_over(tables)
+    assert any(passed.values())  # the profile has such batches (else the test says nothing)
+    seconds = measured(tables, per_unit=2.0)  # per-unit plans lose: fbs-best's row or these
+    for ids in passed.values():
+        assert ids <= seconds.keys()  # measured
+        for key in ids:
+            seconds[key] = [t * factor for t in seconds[key]]
+    done = select(vbs, uniform, seconds, bigger=fbs)
+    without = select(vbs, uniform, seconds)
+    assert (done.kept > without.kept) == (factor < 1.0 - MARGIN)
+    for r, ids in passed.items():
+        top = max(vbs.top_bytes, fbs.top_bytes, uniform.top_bytes)
+        got = done.table.lookup(r, top).plan_id
+        if factor < 1.0 - MARGIN and ids:
+            assert got in ids
+            assert median_at(done.table, r, top, seconds) < median_at(uniform, r, top, seconds)
+        else:
+            assert got == without.table.lookup(r, top).plan_id
+        for b in budgets(uniform, r) + budgets(fbs, r):
+            try:
+                want = median_at(uniform, r, b, seconds)
+            except InfeasibleError:
+                continue
+            assert median_at(done.table, r, b, seconds) <= want  # never slower than fbs-best
 
 
 def test_the_table_keeps_each_plans_measured_time_beside_its_prediction(tables):
