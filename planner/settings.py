@@ -80,9 +80,10 @@ class Settings(BaseSettings):
                     "measurement, the tables as solved)")
     select_margin: float = Field(
         default=0.10, ge=0, le=0.9,
-        description="`vbs plan`: how much faster (median) than fbs-best's uniform plan another "
-                    "plan must measure to take a budget (and its slowest round faster than that "
-                    "plan's fastest): above the machine's run-to-run noise")
+        description="`vbs plan`: how much faster than fbs-best's uniform plan another plan "
+                    "must measure to take a budget (the median of its times over that plan's, "
+                    "round by round; and faster in every round): above the noise between two "
+                    "plans of one round")
     profile_grid: bool = Field(default=False, description="profile a grid of batch sizes and "
                                                           "interpolate (part of the fingerprint)")
     threads: int = Field(default=0, ge=0, description="torch intra-op threads on CPU; 0 = torch's default")

@@ -15,8 +15,11 @@ request size (a per-unit plan, or another uniform batch) is a challenger, and so
 uniform batch larger than the largest fbs-best picks (fbs's plans above its top peak: the
 profile prices small calls low, section 3, so fbs-best can pass over a larger batch that runs
 faster, such as one call of all r samples), each taken from its peak up only where it wins
-against fbs-best's plan there: its median at least ``MARGIN`` faster
-and its slowest round faster than that plan's fastest (beyond the rounds' spread). So at every
+against fbs-best's plan there, round by round: each round runs every plan once, back to back
+in a shuffled order, so the machine's drift between rounds hits the two alike within a round
+(docs/benchmarks.md section 2: a plan 12-24% faster in each of 7 rounds, whose rounds' spread
+overlapped its rival's); the challenger must run faster than that plan in every round, and
+the median of its times over that plan's, round by round, be at least ``MARGIN`` below one. So at every
 budget the row gives fbs-best's plan or one that measured faster than it in the same rounds,
 and a row where nothing won is fbs-best's: two measurements of one uniform batch against
 another differ by the machine's noise, and choosing between them by it would only move the
@@ -37,10 +40,10 @@ from planner.solver.compare import BASELINE
 
 LARGER = "fbs"  # the table whose uniform batches above fbs-best's largest challenge it too
 
-# how much faster (median) a challenger must measure than fbs-best's plan: beyond the 8-16%
-# that one plan measures apart from run to run on a shared VM (docs/benchmarks.md section 2:
-# at 3%, its slowest round below the rival's median, a uniform batch of 4 won in the
-# selection and measured 0.91x in the bench after it; at 10% a plan of regnet_y_800mf 0.93x)
+# how much faster (the median of its times over fbs-best's plan's, round by round) a
+# challenger must measure: beyond the noise between two plans of one round on a shared VM
+# (docs/benchmarks.md section 2: at 3%, a uniform batch of 4 won in the selection and measured
+# 0.91x in the bench after it; at 10%, compared across rounds, a plan of regnet_y_800mf 0.93x)
 MARGIN = 0.10
 
 
@@ -87,10 +90,14 @@ def _above(uniform: PlanTable, bigger: PlanTable | None, r: int) -> list[tuple[i
 
 
 def wins(plan: Sequence[float], rival: Sequence[float], margin: float = MARGIN) -> bool:
-    """Whether times ``plan`` beat ``rival``'s: median ``margin`` faster, and beyond the
-    rounds' spread (its slowest round faster than the rival's fastest)."""
-    return (statistics.median(plan) <= (1.0 - margin) * statistics.median(rival)
-            and max(plan) < min(rival))
+    """Whether times ``plan`` beat ``rival``'s, measured in the same rounds (the i-th of each
+    in round i): faster in every round, and the median of its times over the rival's, round
+    by round, at most ``1 - margin``."""
+    if len(plan) != len(rival) or not plan:
+        raise UsageError(f"plans measured in different rounds ({len(plan)} and {len(rival)} "
+                         "times): measure the plans of one request size together")
+    ratios = [p / q for p, q in zip(plan, rival)]
+    return statistics.median(ratios) <= 1.0 - margin and max(ratios) < 1.0
 
 
 def select(table: PlanTable, uniform: PlanTable, seconds: Mapping[str, Sequence[float]],

@@ -1,6 +1,6 @@
 """Measured selection (``planner.solver.selection``): a per-unit plan that measured slower than
 the uniform batch at its budget gives way to it, one that measured faster beyond the margin
-and the spread stays, and so does a larger uniform batch fbs-best passed over; at every budget
+in every round stays, and so does a larger uniform batch fbs-best passed over; at every budget
 the row's plan measured at least as fast as fbs-best's there; the table keeps every plan's
 measured time beside its prediction, through its bytes.
 The times are given (the rule alone); tests/workers/test_plan_selection.py runs the plans."""
@@ -214,14 +214,26 @@ def test_the_lookups_weigh_the_measured_time(tables):
         r for r in range(1, table.batch_max + 1) if times[r] <= slowest)
 
 
-def test_winning_needs_the_margin_and_beyond_the_spread():
+def test_winning_needs_the_margin_and_every_round():
     fast = 1 - MARGIN - 0.01
     assert wins([fast - 0.01, fast, fast + 0.005], [1.0, 1.0, 1.0])
     assert not wins([1 - MARGIN / 2] * 3, [1.0, 1.0, 1.0])  # within the margin
     assert not wins([fast, fast, 1.05], [1.0, 1.0, 1.0])  # its slowest round loses
-    assert not wins([fast, fast, 0.96], [0.95, 1.0, 1.0])  # within the rival's spread
+    assert not wins([fast, fast, 0.96], [0.95, 1.0, 1.0])  # round by round, within the margin
     assert wins([1 - MARGIN] * 3, [1.0] * 3)
     assert wins([0.98] * 3, [1.0] * 3, margin=0.01)  # a quieter machine's margin
+
+
+def test_winning_is_judged_round_by_round_so_drift_between_rounds_hits_both_alike():
+    """Each round runs every plan once: a plan faster in every round by the margin wins though
+    the machine ran twice as slow in one round (the rounds' spreads overlap); one slower in a
+    single round, or by less than the margin, does not; times of other rounds are refused."""
+    rival = [1.0, 2.0, 1.02, 1.5]
+    assert wins([0.85, 1.7, 0.87, 1.3], rival)  # 0.85-0.87 of the rival's in every round
+    assert not wins([0.85, 2.1, 0.87, 1.3], rival)  # slower in round 2
+    assert not wins([0.95, 1.9, 0.97, 1.4], rival)  # faster everywhere, within the margin
+    with pytest.raises(UsageError, match="different rounds"):
+        wins([0.5, 0.5], rival)
 
 
 def test_a_plan_not_measured_or_tables_of_two_profiles_are_refused(tables):
