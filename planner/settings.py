@@ -77,13 +77,13 @@ class Settings(BaseSettings):
         description="`vbs plan`: rounds that every plan of the served table and every uniform "
                     "plan run in the executor, interleaved; a per-unit plan is kept only where "
                     "it measured faster than the uniform batch at its budget (0: no "
-                    "measurement, the tables as solved)")
+                    "measurement, the tables as solved; more rounds make the choice surer)")
     select_margin: float = Field(
         default=0.10, ge=0, le=0.9,
         description="`vbs plan`: how much faster than fbs-best's uniform plan another plan "
                     "must measure to take a budget (the median of its times over that plan's, "
-                    "round by round; and faster in every round): above the noise between two "
-                    "plans of one round")
+                    "round by round; and faster in 80% of the rounds, every round of 3 or 4): "
+                    "above the noise between two plans of one round")
     profile_grid: bool = Field(default=False, description="profile a grid of batch sizes and "
                                                           "interpolate (part of the fingerprint)")
     threads: int = Field(default=0, ge=0, description="torch intra-op threads on CPU; 0 = torch's default")
