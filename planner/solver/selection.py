@@ -17,7 +17,7 @@ profile prices small calls low, section 3, so fbs-best can pass over a larger ba
 faster, such as one call of all r samples), each taken from its peak up only where it wins
 against fbs-best's plan there, round by round: each round runs every plan once, back to back
 in a shuffled order, so the machine's drift between rounds hits the two alike within a round
-(docs/benchmarks.md section 2: a plan 12-24% faster in each of 7 rounds, whose rounds' spread
+(docs/benchmarks.md section 2: a plan faster in nearly every round whose rounds' spread
 overlapped its rival's); the challenger must run faster than that plan in every round of 3 or
 4 (in ``FASTER_SHARE`` of them from 5 on, so that more rounds make the choice surer, not one
 slow round more likely to veto it), and the median of its times over that plan's, round by
