@@ -86,23 +86,27 @@ class TableRow:
 class Measurements:
     """What `vbs plan`'s measured selection ran to choose a table's rows
     (``planner.solver.selection``): every plan's seconds per round by plan id (those that gave
-    way and fbs-best's too) and the margin it chose by. Kept with the table, so that `vbs
-    solve`, given the profile and these, chooses as the table did and says the same time."""
+    way and fbs-best's too), the margin and the rule it chose by. Kept with the table, so that
+    `vbs solve`, given the profile and these, chooses as the table did and says the same time
+    (a table chosen by an earlier rule is refused there, naming the fix)."""
 
     margin: float
     rounds: tuple[tuple[str, tuple[float, ...]], ...]  # (plan id, seconds per round), sorted
+    rule: int = 1  # the selection rule's version (``planner.solver.selection.RULE``); 1: unsaid
 
     @classmethod
-    def of(cls, margin: float, seconds: Mapping[str, Sequence[float]]) -> Measurements:
+    def of(cls, margin: float, seconds: Mapping[str, Sequence[float]], rule: int
+           ) -> Measurements:
         return cls(float(margin), tuple(sorted((str(k), tuple(float(t) for t in v))
-                                               for k, v in seconds.items() if v)))
+                                               for k, v in seconds.items() if v)), int(rule))
 
     @property
     def seconds(self) -> dict[str, tuple[float, ...]]:
         return dict(self.rounds)
 
     def to_json(self) -> dict[str, Any]:
-        return {"margin": self.margin, "rounds": {k: list(v) for k, v in self.rounds}}
+        return {"margin": self.margin, "rounds": {k: list(v) for k, v in self.rounds},
+                "rule": self.rule}
 
     @classmethod
     def from_json(cls, raw: Any) -> Measurements:
@@ -117,7 +121,10 @@ class Measurements:
             if not isinstance(times, list) or not times or not all(
                     isinstance(t, (int, float)) and t > 0 for t in times):
                 raise ValueError(f"measurements: plan {key!r} must have a list of seconds > 0")
-        return cls.of(margin, raw["rounds"])
+        rule = raw.get("rule", 1)  # tables published before the rule was said: the first
+        if isinstance(rule, bool) or not isinstance(rule, int) or rule < 1:
+            raise ValueError(f"measurements: rule must be a whole number >= 1, got {rule!r}")
+        return cls.of(margin, raw["rounds"], rule)
 
 
 @dataclass(frozen=True, eq=False)

@@ -28,7 +28,7 @@ from core.runtimes.base import RuntimeOptions
 from core.table import Measurements, PlanTable
 from core.units import Capture
 from planner.solver.compare import BASELINE
-from planner.solver.selection import MARGIN, chosen, larger, to_measure
+from planner.solver.selection import MARGIN, RULE, chosen, larger, to_measure
 from workers.executor import execute
 
 log = logging.getLogger("vbs.plan")
@@ -58,7 +58,7 @@ def selected(capture: Capture, tables: Mapping[str, PlanTable], solver: str, rou
         return dict(tables)
     t0 = time.perf_counter()
     seconds = measure(capture, table, tables[BASELINE], rounds, sizes, larger(tables))
-    out, done = chosen(tables, solver, Measurements.of(margin, seconds), sizes)
+    out, done = chosen(tables, solver, Measurements.of(margin, seconds, RULE), sizes)
     assert done is not None
     note(f"{capture.model.spec.name}: {len(seconds)} plans of {solver}, fbs-best and larger "
          "uniform batches measured "

@@ -42,6 +42,9 @@ from core.table import Measurements, PlanTable, TablePlan, TableRow
 from planner.solver.compare import BASELINE
 
 LARGER = "fbs"  # the table whose uniform batches above fbs-best's largest challenge it too
+# The rule's version, kept with a table's measurements: 1, across rounds (its slowest round
+# faster than the rival's fastest), fbs's larger batches not measured; 2, this module's.
+RULE = 2
 
 # how much faster (the median of its times over fbs-best's plan's, round by round) a
 # challenger must measure: beyond the noise between two plans of one round on a shared VM
@@ -140,7 +143,7 @@ def select(table: PlanTable, uniform: PlanTable, seconds: Mapping[str, Sequence[
                     objective=table.objective, slot_bytes=table.slot_bytes,
                     granule=table.granule, batch_max=table.batch_max, units=table.units,
                     plans=tuple(plans), rows=tuple(rows), runtimes=table.runtimes,
-                    measurements=Measurements.of(margin, seconds))
+                    measurements=Measurements.of(margin, seconds, RULE))
     return Selected(out, kept, replaced)
 
 
@@ -155,6 +158,11 @@ def chosen(tables: Mapping[str, PlanTable], solver: str, measurements: Measureme
     table = tables[solver]
     if solver == BASELINE or table.objective != "time":
         return dict(tables), None
+    if measurements.rule != RULE:
+        raise UsageError(f"the table's rows were chosen by selection rule {measurements.rule}, "
+                         f"this release chooses by rule {RULE} (round by round, the larger "
+                         "uniform batches measured too): plan the model again (`vbs plan "
+                         "--replan`) and export its table again")
     seconds = measurements.seconds
     done = select(table, tables[BASELINE], seconds, measurements.margin, sizes, larger(tables))
     out = {**tables, solver: done.table, BASELINE: with_measured(tables[BASELINE], seconds)}
@@ -234,5 +242,5 @@ def _same_units(table: PlanTable, uniform: PlanTable) -> None:
                          "(units, runtimes, granule or batch_max differ): build them together")
 
 
-__all__ = ["FASTER_SHARE", "LARGER", "MARGIN", "Selected", "chosen", "larger", "select", "to_measure", "wins",
-           "with_measured"]
+__all__ = ["FASTER_SHARE", "LARGER", "MARGIN", "RULE", "Selected", "chosen", "larger", "select",
+           "to_measure", "wins", "with_measured"]

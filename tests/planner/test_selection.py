@@ -12,9 +12,9 @@ import statistics
 
 import pytest
 
-from core.errors import InfeasibleError, UsageError
+from core.errors import InfeasibleError, TableFormatError, UsageError
 from core.table import PlanTable
-from planner.solver.selection import MARGIN, select, to_measure, wins
+from planner.solver.selection import MARGIN, RULE, select, to_measure, wins
 from planner.solver.synthetic import googlenet_like
 from planner.solver.tables import build_tables
 
@@ -278,7 +278,7 @@ def test_solve_given_the_profile_and_the_tables_measurements_says_what_the_table
     from planner.solver.selection import chosen
 
     seconds = _mixed(tables)
-    published, done = chosen(tables, "vbs", Measurements.of(MARGIN, seconds))
+    published, done = chosen(tables, "vbs", Measurements.of(MARGIN, seconds, RULE))
     assert done is not None and done.kept > 0 and done.replaced > 0  # both kinds of rows
     table = published["vbs"]
     assert table.measurements is not None and table.measurements.seconds.keys() == seconds.keys()
@@ -325,3 +325,30 @@ def test_solve_refuses_a_table_of_another_profile_or_solver(tables, tmp_path, ca
     assert main(["--profile", str(mine), "--table", str(table_path), "--memory", "1GB",
                  "--batch", "2", "--solver", "paper", "--json"]) == 2
     assert "pass --solver vbs" in capsys.readouterr().err
+
+
+def test_solve_refuses_a_table_chosen_by_an_earlier_rule_naming_the_fix(tables, tmp_path,
+                                                                        capsys):
+    """A table published before the rule was kept with its measurements (rule 1: across
+    rounds, fbs's larger batches unmeasured) cannot be chosen again alike: `vbs solve --table`
+    says so and how to plan it again, rather than another answer or a missing plan."""
+    from core.table import Measurements
+    from core.tree import save_profile
+    from planner.cli_solve import main
+    from planner.solver.selection import chosen
+
+    published, _ = chosen(tables, "vbs", Measurements.of(MARGIN, _mixed(tables), RULE))
+    raw = published["vbs"].to_json()
+    assert raw["measurements"]["rule"] == RULE
+    del raw["measurements"]["rule"]  # as an earlier release wrote it
+    assert PlanTable.from_json(raw).measurements.rule == 1
+    profile_path, table_path = tmp_path / "profile.json", tmp_path / "table.json"
+    save_profile(PROFILE, profile_path)
+    table_path.write_text(json.dumps(raw))
+    assert main(["--profile", str(profile_path), "--table", str(table_path), "--memory", "1GB",
+                 "--batch", "2", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "selection rule 1" in err and "--replan" in err
+    raw["measurements"]["rule"] = "two"
+    with pytest.raises(TableFormatError, match="rule must be a whole number"):
+        PlanTable.from_json(raw)
