@@ -6,8 +6,9 @@ to each value, under the same closed-loop load, interleaved in rounds.
         [--setting VBS_MAX_BATCH_DELAY_MS]
 
 ``--setting`` names another setting the values are given to (such as
-``VBS_MAX_BATCH_DELAY_MS``, a fixed wait). Per value and round: throughput, p50 and p99 latency, errors, and the batch sizes the service
-ran (requests per batch size, from the responses). The tables come from ``vbs plan`` at
+``VBS_MAX_BATCH_DELAY_MS``, a fixed wait). Per value and round: throughput, p50 and p99
+latency, errors, and the batch sizes the service ran (requests per batch size, from the
+responses). The tables come from ``vbs plan`` at
 ``--batch-max`` (cached in the default store, or ``--store``, where ``--model
 ALIAS=NAME`` serves a model planned under an alias, such as its int8 tables), ample memory;
 one server at a time.
