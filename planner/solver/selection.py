@@ -88,7 +88,7 @@ def to_measure(table: PlanTable, uniform: PlanTable, r: int, bigger: PlanTable |
 def _above(uniform: PlanTable, bigger: PlanTable | None, r: int) -> list[tuple[int, int]]:
     """(peak, plan index) of ``bigger``'s row of r above ``uniform``'s top peak: the larger
     uniform batches fbs-best passed over."""
-    if bigger is None:
+    if bigger is None or not len(uniform.row(r).peaks):
         return []
     _same_units(bigger, uniform)
     top = int(uniform.row(r).peaks[-1])
