@@ -89,7 +89,7 @@ def device_name(device: torch.device) -> str:
 # time apart from the host's, CUDA graphs' runs, ``planner.profiling.cudagraph``): a change
 # here changes profiles without changing any version above, so it re-measures cached ones.
 METHOD = 2
-ORT_METHOD = 7
+ORT_METHOD = 9
 CUDA_METHOD = 1
 
 
@@ -411,10 +411,14 @@ def _cuda(capture: Capture, options: ProfileOptions, grid: list[int],
     }}
 
 
-# ONNX Runtime's runs are each timed as the median of this many calls back to back per pass:
-# every unit's price inside a run is its share of that figure, and one call per pass left the
-# profile's figure 9-12% (MAPE) off the same call timed again a minute later here, three 6-9%
-# (bench/price_probe.py, docs/benchmarks.md section 3)
+# ONNX Runtime's runs are timed per pass as the mean of this many calls back to back, each on
+# samples of its own into an output of its own, after one call not timed: as a plan's calls
+# meet them (every unit's price inside a run is its share of that figure). One call per pass
+# left the figure 9-12% (MAPE) off the same call timed a minute later; the median of three
+# calls on the same input, each right after an identical one, 5-10% low at small batches
+# against calls on samples of their own; a first call right after the pass's torch units and
+# single-unit sessions up to 2x high (efficientnet_b1 at one sample), a state no plan meets
+# (bench/price_state.py, docs/benchmarks.md section 3)
 RUN_CALLS = 3
 
 
@@ -427,6 +431,8 @@ def _timed_passes(capture: Capture, options: ProfileOptions, grid: list[int],
     samples: dict[str, dict[str, dict[int, list[float]]]] = {rt: {} for rt in rts.runners}
     run_samples: dict[int, list[list[float]]] = {}
     ort = rts.ort
+    pieces = {b: capture.model.example((RUN_CALLS + 1) * b, seed=b).split(b) for b in grid} \
+        if ort is not None and ort.runs else {}
     for k in range(options.warmup + options.repeats):
         counted = k >= options.warmup
         for b in grid:
@@ -440,10 +446,10 @@ def _timed_passes(capture: Capture, options: ProfileOptions, grid: list[int],
                         samples[rt].setdefault(name, {}).setdefault(b, []).append(seconds)
                 passed()
             if ort is not None and ort.runs:
-                with MODULE_GATE.running():
-                    ort.run_pass(inputs[b])  # timed as served: a plan's calls
-                    seconds = [statistics.median(col) for col in zip(  # run back to back
-                        *(ort.run_pass(inputs[b]) for _ in range(RUN_CALLS)))]
+                with MODULE_GATE.running():  # timed as a plan's calls meet them
+                    ort.run_pass(pieces[b][-1])  # not timed: see RUN_CALLS
+                    seconds = [statistics.fmean(col) for col in zip(
+                        *(ort.run_pass(piece) for piece in pieces[b][:RUN_CALLS]))]
                     ort.run_pass(inputs[b], rts.profiled, counted=counted)
                 if counted:
                     run_samples.setdefault(b, []).append(seconds)

@@ -163,3 +163,32 @@ def test_onednn_keeps_every_primitive_a_profile_builds_unless_the_user_says(monk
     monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
     apply_threads(0)
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "64"
+
+
+def test_onnxruntime_runs_are_timed_as_a_plans_calls_meet_them(monkeypatch, tmp_path) -> None:
+    """Every call of a run the profiler makes takes samples of its own: the median of calls
+    each on the input the call before it had just read priced small batches 5-10% below what
+    a plan's calls, each on the next samples, measured (bench/price_state.py,
+    docs/benchmarks.md section 3)."""
+    from planner.profiling import ort as ort_profiling
+    from planner.profiling.profiler import RUN_CALLS
+
+    timed: list[tuple[int, int]] = []  # (batch size, address of the input) per timed call
+    run_pass = ort_profiling.OrtProfile.run_pass
+
+    def spied(self, x, profiled=None, counted=True):
+        if profiled is None:
+            timed.append((int(x.shape[0]), x.data_ptr()))
+        return run_pass(self, x, profiled, counted)
+
+    monkeypatch.setattr(ort_profiling.OrtProfile, "run_pass", spied)
+    cap = capture(load_model(ModelSpec("squeezenet1_0", input_shape=(3, 64, 64))))
+    opts = ProfileOptions(batch_max=3, repeats=2, warmup=1, runtime="auto")
+    profile, _ = cached_profile(cap, opts, tmp_path, progress=False)
+    assert profile.meta["runtimes"]["onnxruntime"]["runs"]
+    calls = RUN_CALLS + 1  # one not timed first
+    passes = [timed[k:k + calls] for k in range(0, len(timed), calls)]
+    assert len(passes) == 3 * 3 and all(len(p) == calls for p in passes)  # 3 batches x 3
+    for each in passes:
+        assert len({b for b, _ in each}) == 1
+        assert len({address for _, address in each}) == calls, each
