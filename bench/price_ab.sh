@@ -8,19 +8,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rev=${1:?a git revision to compare against}
-out=${2:?an output directory}
+out=$(mkdir -p "${2:?an output directory}" && cd "$2" && pwd)
 here=$(pwd)
 read -r -a models <<< "${MODELS:-mnasnet0_5 regnet_x_400mf mobilenet_v2}"
 read -r -a order <<< "${ORDER:-old new}"
 old="$out/worktree"
-mkdir -p "$out"
 [ -d "$old" ] || git worktree add --detach "$old" "$rev"
 for model in "${models[@]}"; do
   for side in "${order[@]}"; do
     if [ "$side" = old ]; then dir=$(cd "$old" && pwd); else dir=$here; fi
     (cd "$dir" && PYTHONPATH="$dir" "$here/.venv/bin/vbs" bench --model "$model" \
       --batch "${BATCH:-16}" --memory "${MEMORY:-auto}" --repeat "${REPEAT:-3}" \
-      --cache-dir "$here/$out/cache" --out "$here/$out/$side") > "$out/$side-$model.log" 2>&1
+      --cache-dir "$out/cache" --out "$out/$side") > "$out/$side-$model.log" 2>&1
   done
 done
 .venv/bin/python bench/price_ab.py "$out"/old/*.json "$out"/new/*.json

@@ -45,6 +45,49 @@ def _run_figures(profile) -> tuple[str, str, list[float]]:
     return runs[0]["first"], runs[0]["last"], runs[0]["seconds"]
 
 
+def _timings(cap, session, first: str, last: str, batches: list[int], rounds: int
+             ) -> dict[tuple[int, str], list[float]]:
+    """Seconds of one call of the run ``first..last`` per (batch, way of ``HOW``), a round each."""
+    xs = {b: cap.model.example(b, seed=100 + b) for b in batches}
+    big = cap.model.example(RUN_CALLS * max(batches), seed=99)  # samples of their own
+    outs = {b: session.output(session.nodes(first, last)[-1], xs[b], b) for b in batches}
+
+    def call(b: int) -> float:
+        t = time.perf_counter()
+        session.run(first, last, xs[b], outs[b])
+        return time.perf_counter() - t
+
+    def slices(b: int) -> list[float]:
+        ts = []
+        for i in range(RUN_CALLS):
+            x = big[i * b:(i + 1) * b]
+            t = time.perf_counter()
+            session.run(first, last, x, session.output(session.nodes(first, last)[-1], x, b))
+            ts.append(time.perf_counter() - t)
+        return ts
+
+    other = {b: batches[(batches.index(b) + 1) % len(batches)] for b in batches}
+    ways = {
+        "same input": lambda b: (call(b), statistics.median(call(b) for _ in range(RUN_CALLS)))[1],
+        "alone": call,
+        "after other": lambda b: (call(other[b]), call(b))[1],
+        "after torch": lambda b: (run_node(cap, cap.tree, xs[b]), call(b))[1],
+        "slices 1st": lambda b: (call(other[b]), slices(b)[0])[1],
+        "slices next": lambda b: (call(other[b]), statistics.median(slices(b)[1:]))[1],
+        "slices mean": lambda b: (call(other[b]), statistics.fmean(slices(b)))[1],
+    }
+    jobs = [(b, how) for b in batches for how in HOW]
+    seconds: dict[tuple[int, str], list[float]] = {j: [] for j in jobs}
+    with torch.inference_mode():
+        for b in batches:
+            call(b)
+        for i in range(rounds):
+            random.Random(i).shuffle(jobs)
+            for b, how in jobs:
+                seconds[b, how].append(ways[how](b))
+    return seconds
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
@@ -61,79 +104,23 @@ def main() -> None:
     cap = load_capture(args, settings)
     options = options_from(settings, batch_max=args.batch)
     batches = sorted({1, 2, 3, 4, args.batch // 2, args.batch} - {0})
-    xs = {b: cap.model.example(b, seed=100 + b) for b in batches}
-    big = cap.model.example(RUN_CALLS * max(batches), seed=99)  # distinct slices, as a plan's
-    sessions = {}
     t0 = time.perf_counter()
-    first_profile = measure(cap, options, progress=False)
+    first, last, figure = _run_figures(measure(cap, options, progress=False))
     profiled_s = time.perf_counter() - t0
-    first, last, figure = _run_figures(first_profile)
-    sessions["late"] = rt.load(rt.ONNXRUNTIME, cap, RuntimeOptions())
-    outs = {}
-    with torch.inference_mode():
-        for name, s in sessions.items():
-            for b in batches:
-                outs[name, b] = s.output(s.nodes(first, last)[-1], xs[b], b)
-                s.run(first, last, xs[b], outs[name, b])
-
-        def call(name: str, b: int) -> float:
-            t = time.perf_counter()
-            sessions[name].run(first, last, xs[b], outs[name, b])
-            return time.perf_counter() - t
-
-        def slices(name: str, b: int) -> list[float]:
-            s, ts = sessions[name], []
-            for i in range(RUN_CALLS):
-                x = big[i * b:(i + 1) * b]
-                t = time.perf_counter()
-                s.run(first, last, x, s.output(s.nodes(first, last)[-1], x, b))
-                ts.append(time.perf_counter() - t)
-            return ts
-
-        other = {b: batches[(batches.index(b) + 1) % len(batches)] for b in batches}
-        jobs = [(name, b, how) for name in sessions for b in batches for how in HOW]
-        seconds: dict[tuple[str, int, str], list[float]] = {j: [] for j in jobs}
-        for i in range(args.rounds):
-            random.Random(i).shuffle(jobs)
-            for name, b, how in jobs:
-                if how == "same input":
-                    call(name, b)
-                    seconds[name, b, how].append(
-                        statistics.median(call(name, b) for _ in range(RUN_CALLS)))
-                elif how == "alone":
-                    seconds[name, b, how].append(call(name, b))
-                elif how == "after other":
-                    call(name, other[b])
-                    seconds[name, b, how].append(call(name, b))
-                elif how == "after torch":
-                    run_node(cap, cap.tree, xs[b])
-                    seconds[name, b, how].append(call(name, b))
-                elif how == "slices 1st":
-                    call(name, other[b])
-                    seconds[name, b, how].append(slices(name, b)[0])
-                elif how == "slices next":
-                    call(name, other[b])
-                    seconds[name, b, how].append(statistics.median(slices(name, b)[1:]))
-                else:
-                    call(name, other[b])
-                    seconds[name, b, how].append(statistics.fmean(slices(name, b)))
-    second_profile = measure(cap, options, progress=False)
-    _, _, again = _run_figures(second_profile)
+    session = rt.load(rt.ONNXRUNTIME, cap, RuntimeOptions())
+    seconds = _timings(cap, session, first, last, batches, args.rounds)
+    session.release()
+    _, _, again = _run_figures(measure(cap, options, progress=False))
     print(f"{cap.model.spec.name} ({settings.precision}), run {first}..{last}, {args.rounds} "
           f"rounds, threads {torch.get_num_threads()}, profile {profiled_s:.0f} s")
-    head = ["batch", "profile", "2nd profile"] + [f"{n} {h}" for n in sessions for h in HOW]
-    print(" | ".join(f"{h:>14}" for h in head))
+    print(" | ".join(f"{h:>14}" for h in ["batch", "profile", "2nd profile", *HOW]))
     for b in batches:
         row = [f"{b:>14}", f"{1e3 * figure[b - 1]:>14.3f}", f"{1e3 * again[b - 1]:>14.3f}"]
-        for n in sessions:
-            for h in HOW:
-                ts = seconds[n, b, h]
-                med = statistics.median(ts)
-                row.append(f"{1e3 * med:>7.3f} {100 * (med / figure[b - 1] - 1):>+5.0f}%")
+        for how in HOW:
+            med = statistics.median(seconds[b, how])
+            row.append(f"{1e3 * med:>7.3f} {100 * (med / figure[b - 1] - 1):>+5.0f}%")
         print(" | ".join(row))
     print("(each cell: median ms, and its difference from the profile's figure)")
-    for s in sessions.values():
-        s.release()
 
 
 if __name__ == "__main__":
