@@ -20,7 +20,7 @@ import torch
 
 from core import runtimes as rt
 from core.runtimes.base import RuntimeOptions
-from planner.cli import load_capture, settings_from
+from planner.cli import add_model_args, add_runtime_arg, load_capture, settings_from
 from planner.pipeline import options_from
 from planner.profiling.profiler import cached_profile
 from planner.solver.compare import BASELINE
@@ -31,15 +31,10 @@ from workers.plan_selection import timed
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--model", required=True)
+    add_model_args(p)
+    add_runtime_arg(p)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--input-shape")
-    p.add_argument("--weights")
-    p.add_argument("--dtype")
-    p.add_argument("--device")
-    p.add_argument("--cache-dir")
-    p.add_argument("--runtime")
     args = p.parse_args()
     settings = settings_from(args)
     cap = load_capture(args, settings)

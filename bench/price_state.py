@@ -22,7 +22,7 @@ import torch
 from core import runtimes as rt
 from core.runner import run_node
 from core.runtimes.base import RuntimeOptions
-from planner.cli import load_capture, settings_from
+from planner.cli import add_model_args, add_runtime_arg, load_capture, settings_from
 from planner.pipeline import options_from
 from planner.profiling.profiler import RUN_CALLS, measure
 
@@ -90,20 +90,15 @@ def _timings(cap, session, first: str, last: str, batches: list[int], rounds: in
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--model", required=True)
+    add_model_args(p)
+    add_runtime_arg(p)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--input-shape")
-    p.add_argument("--weights")
-    p.add_argument("--dtype")
-    p.add_argument("--device")
-    p.add_argument("--cache-dir")
-    p.add_argument("--runtime")
     args = p.parse_args()
     settings = settings_from(args)
     cap = load_capture(args, settings)
     options = options_from(settings, batch_max=args.batch)
-    batches = sorted({1, 2, 3, 4, args.batch // 2, args.batch} - {0})
+    batches = sorted({1, 2, 3, 4, args.batch // 2, args.batch} & set(range(1, args.batch + 1)))
     t0 = time.perf_counter()
     first, last, figure = _run_figures(measure(cap, options, progress=False))
     profiled_s = time.perf_counter() - t0
