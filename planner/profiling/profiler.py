@@ -431,8 +431,10 @@ def _timed_passes(capture: Capture, options: ProfileOptions, grid: list[int],
     samples: dict[str, dict[str, dict[int, list[float]]]] = {rt: {} for rt in rts.runners}
     run_samples: dict[int, list[list[float]]] = {}
     ort = rts.ort
-    pieces = {b: capture.model.example((RUN_CALLS + 1) * b, seed=b).split(b) for b in grid} \
-        if ort is not None and ort.runs else {}
+    # samples of their own for each call of a run: one buffer, each batch size's calls slices
+    # of it (a buffer per batch size would hold (RUN_CALLS + 1) * B * (B + 1) / 2 samples)
+    fresh = capture.model.example((RUN_CALLS + 1) * max(grid), seed=0) \
+        if ort is not None and ort.runs else None
     for k in range(options.warmup + options.repeats):
         counted = k >= options.warmup
         for b in grid:
@@ -445,11 +447,12 @@ def _timed_passes(capture: Capture, options: ProfileOptions, grid: list[int],
                     for name, seconds in results.items():
                         samples[rt].setdefault(name, {}).setdefault(b, []).append(seconds)
                 passed()
-            if ort is not None and ort.runs:
+            if fresh is not None:
                 with MODULE_GATE.running():  # timed as a plan's calls meet them
-                    ort.run_pass(pieces[b][-1])  # not timed: see RUN_CALLS
+                    pieces = fresh[:(RUN_CALLS + 1) * b].split(b)
+                    ort.run_pass(pieces[-1])  # not timed: see RUN_CALLS
                     seconds = [statistics.fmean(col) for col in zip(
-                        *(ort.run_pass(piece) for piece in pieces[b][:RUN_CALLS]))]
+                        *(ort.run_pass(piece) for piece in pieces[:RUN_CALLS]))]
                     ort.run_pass(inputs[b], rts.profiled, counted=counted)
                 if counted:
                     run_samples.setdefault(b, []).append(seconds)
