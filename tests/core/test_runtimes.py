@@ -248,9 +248,11 @@ def test_a_session_asks_free_the_factor_it_is_given_and_measures_what_making_it_
     units = OrtUnits(cap, room=lambda: need, making_factor=2.5)
     units.prepare(whole, 1)
     assert units.making_bytes == need
-    # measured (in this busy process, pages freed before are reused: `vbs plan` measures in
-    # a fresh one, tests/workers/test_load_cost.py)
-    assert 0 < units.making_seen <= SESSION_GROWTH
+    # measured, within the bound; in this busy process the making may reuse pages freed
+    # before and grow the peak by nothing (0.0 seen in one CI run): that it is measured above
+    # 0 is pinned where `vbs plan` measures it, in a fresh process
+    # (tests/workers/test_load_cost.py)
+    assert 0 <= units.making_seen <= SESSION_GROWTH
     units.release()
 
 
