@@ -2,8 +2,9 @@
 # docs/benchmarks.md section 3, "How a run is timed, before and after": `vbs bench` of the same
 # models with the code at REV (a git worktree) and with this checkout, model by model, each side
 # a process of its own in the order ORDER, then every run's errors of the served time
-# (bench/price_ab.py); the worktree is removed at the end. Profiles go to OUT_DIR/cache: a second call with the same OUT_DIR (ORDER
-# reversed, say) benches both sides again on the profiles the first measured.
+# (bench/price_ab.py); the worktree is removed at the end. Profiles go to OUT_DIR/cache: a
+# second call with the same OUT_DIR (ORDER reversed, say) benches both sides again on the
+# profiles the first measured.
 #   bash bench/price_ab.sh REV OUT_DIR; MODELS, ORDER ("old new"), BATCH, MEMORY, REPEAT override
 set -euo pipefail
 cd "$(dirname "$0")/.."
