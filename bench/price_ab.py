@@ -13,9 +13,7 @@ import dataclasses
 import json
 import sys
 
-import torch
-
-from workers.plans_measured import Row, _summary
+from workers.plans_measured import Row, time_errors
 
 
 def main(paths: list[str]) -> None:
@@ -24,9 +22,7 @@ def main(paths: list[str]) -> None:
     for path in paths:
         saved = json.load(open(path))
         rows = [Row(**{k: v for k, v in r.items() if k in fields}) for r in saved["rows"]]
-        done = [r for r in rows if r.feasible]
-        s = _summary(saved["summary"]["model"], rows[0].batch, torch.device("cpu"), 0, done,
-                     [1.0], [1.0])
+        s = time_errors([r for r in rows if r.feasible])
         table = s["table_time_mape"]
         print(f"{path:<40} {s['served_time_mape']:>5.1f}% {s['served_time_scale']:>5.2f}x "
               f"{s['served_time_scaled_mape']:>6.1f}% "

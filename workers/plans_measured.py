@@ -207,29 +207,35 @@ def _gains(rows: list[Row], budgets: list[int]) -> None:
                             / row.time_per_sample_measured)
 
 
-def _summary(name: str, r: int, device: torch.device, repeat: int, done: list[Row],
-             plain_times: list[float], uniform_times: list[float]) -> dict[str, Any]:
-    """What the rows say together: the executor's overhead and how far predictions were."""
+def time_errors(done: list[Row]) -> dict[str, float | None]:
+    """How far the times of the plans a worker runs (vbs, fbs-best) were from what ran: the
+    prediction's MAPE, and the same split in two: the median of measured over predicted (one
+    factor for the whole run: the machine's speed now against the profile's) and the MAPE left
+    once every prediction is scaled by it (what the prices get wrong between plans); and the
+    table's time where the selection measured it (before the bench, in its own rounds)."""
     served = [(r.time_per_sample_predicted, r.time_per_sample_measured) for r in done
               if r.strategy in ("vbs", BASELINE) and r.time_per_sample_predicted is not None
               and r.time_per_sample_measured]
     scale = _scale(served)
+    return {
+        "served_time_mape": _mape(served),
+        "served_time_scale": scale,
+        "served_time_scaled_mape": _mape([(p * scale, m) for p, m in served]) if scale else None,
+        "table_time_mape": _mape([(r.time_per_sample_table, r.time_per_sample_measured)
+                                  for r in done if r.time_per_sample_table is not None]),
+    }
+
+
+def _summary(name: str, r: int, device: torch.device, repeat: int, done: list[Row],
+             plain_times: list[float], uniform_times: list[float]) -> dict[str, Any]:
+    """What the rows say together: the executor's overhead and how far predictions were."""
     summary = {
         "model": name, "batch": r, "device": str(device), "repeat": repeat,
         "plain_model_time_per_sample": statistics.median(plain_times),
         "uniform_plan_time_per_sample": statistics.median(uniform_times),
         "executor_overhead": statistics.median(uniform_times) / statistics.median(plain_times) - 1,
         "time_mape": _mape([(r.time_per_sample_predicted, r.time_per_sample_measured) for r in done]),
-        # of the plans a worker runs (vbs, fbs-best): the prediction, and the table's time
-        # where the selection measured it (before the bench, in its own rounds)
-        "served_time_mape": _mape(served),
-        # the same split in two: the median of measured over predicted (one factor for the
-        # whole run: the machine's speed now against the profile's), and the MAPE left once
-        # every prediction is scaled by it (what the prices get wrong between plans)
-        "served_time_scale": scale,
-        "served_time_scaled_mape": _mape([(p * scale, m) for p, m in served]) if scale else None,
-        "table_time_mape": _mape([(r.time_per_sample_table, r.time_per_sample_measured)
-                                  for r in done if r.time_per_sample_table is not None]),
+        **time_errors(done),
         # against what the walk says torch allocates: the claim itself where every step runs on
         # torch; where steps run on ONNX Runtime the claim adds what it holds inside its calls,
         # which no torch counter sees (tests/core/test_runtimes.py checks that against RSS)
