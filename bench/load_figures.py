@@ -38,7 +38,8 @@ def main() -> None:
         _, c = measure_load(args.store, name, ModelSpec(name=model or name, input_shape=shape),
                             args.solver, args.objective)
         print(f"{entry}: weights {c.weights_bytes / MiB:.0f} MiB, keeps {c.kept_bytes / MiB:.0f} "
-              f"(sessions {c.held_bytes / MiB:.0f}), making_seen {c.making_seen:.2f} per weight "
+              f"(sessions {c.held_bytes / MiB:.0f}, batch buffer {c.buffer_bytes / MiB:.1f}), "
+              f"making_seen {c.making_seen:.2f} per weight "
               f"byte, a session asks {c.making_factor:.2f}x ({c.making_bytes / MiB:.0f} MiB), "
               f"load {c.load_s:.2f} s")
 

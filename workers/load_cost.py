@@ -60,6 +60,7 @@ class LoadCost:
     making_factor: float = float(SESSION_GROWTH)  # what a session asks free per weight byte
     making_seen: float = 0.0  # what making its sessions took per weight byte, measured
     with_torch: bool = False  # served with torch: ``kept_bytes`` counts torch's import
+    buffer_bytes: int = 0  # of ``kept_bytes``: the batch buffer (``Worker.buffer_bytes``)
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -74,11 +75,13 @@ class LoadCost:
                        # figures of a `vbs plan` that did not measure it: the bound
                        making_factor=float(raw.get("making_factor", SESSION_GROWTH)),
                        making_seen=float(raw.get("making_seen", 0.0)),
-                       with_torch=bool(raw.get("with_torch", False)))
+                       with_torch=bool(raw.get("with_torch", False)),
+                       buffer_bytes=int(raw.get("buffer_bytes", 0)))
         except (ValueError, TypeError, KeyError) as exc:
             raise TableFormatError(f"{where} cannot be read ({exc!r}): run `vbs plan` for the "
                                    "model again") from exc
-        if min(cost.kept_bytes, cost.weights_bytes, cost.held_bytes, cost.making_bytes) < 0 \
+        if min(cost.kept_bytes, cost.weights_bytes, cost.held_bytes, cost.making_bytes,
+               cost.buffer_bytes) < 0 \
                 or cost.load_s < 0 or cost.making_seen < 0 \
                 or not 0 < cost.making_factor <= SESSION_GROWTH:
             raise TableFormatError(f"{where} holds figures out of range (negative, or a session "
@@ -141,7 +144,8 @@ def _measure_here(store: PlanStore, served: str, spec: ModelSpec, solver: str, o
         making = math.ceil(factor * (worker.making_bytes // SESSION_GROWTH))
         cost = LoadCost(kept_bytes=worker.kept_bytes(), load_s=round(load_s, 3),
                         weights_bytes=model.weights_bytes, held_bytes=worker.held_bytes,
-                        making_bytes=making, making_factor=factor, making_seen=seen)
+                        making_bytes=making, making_factor=factor, making_seen=seen,
+                        buffer_bytes=worker.buffer_bytes)
     finally:
         worker.release()
     return stored.compiled_id, cost
@@ -175,7 +179,7 @@ def _measure_torch(store: PlanStore, served: str, spec: ModelSpec, solver: str, 
         cost = LoadCost(kept_bytes=kept, load_s=round(load_s, 3),
                         weights_bytes=worker.model.weights_bytes, held_bytes=worker.held_bytes,
                         making_bytes=max(worker.making_bytes, status_bytes("VmHWM") - first),
-                        with_torch=True)
+                        with_torch=True, buffer_bytes=worker.buffer_bytes)
     finally:
         worker.release()
     return cid, cost

@@ -239,10 +239,15 @@ class Worker:
     def kept_bytes(self) -> int:
         """What this model keeps loaded, as its parts say: its weights, what its runtimes keep
         between calls, and on the CPU its batch buffer (on CUDA that is host memory)."""
-        kept = self.model.resident_weights_bytes + self.held_bytes
-        if not self.probe.device.startswith("cuda"):
-            kept += self.table.batch_max * self.model.sample_bytes
-        return int(kept)
+        return int(self.model.resident_weights_bytes + self.held_bytes + self.buffer_bytes)
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Of ``kept_bytes``, the batch buffer: the table's largest batch of input samples, at
+        any precision (on CUDA it is host memory, not counted)."""
+        if self.probe.device.startswith("cuda"):
+            return 0
+        return int(self.table.batch_max * self.model.sample_bytes)
 
     def unusable(self, table: PlanTable) -> str:
         """Why this worker cannot run some plan of ``table`` ('' when it can run them all): a

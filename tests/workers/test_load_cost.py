@@ -123,7 +123,8 @@ def test_vbs_plan_stores_what_the_worker_without_torch_keeps(tmp_path: Path, cap
     # them): what the model keeps is its sessions' copy and what stays in the graphs
     resident = apart.compiled.resident_weight_bytes()
     assert resident < cost.weights_bytes
-    assert cost.kept_bytes == resident + cost.held_bytes + batch_buffer
+    assert cost.buffer_bytes == batch_buffer
+    assert cost.kept_bytes == resident + cost.held_bytes + cost.buffer_bytes
     # what making its largest session asks free: the runtime's own rule, for its whole graph
     assert 0 < cost.making_bytes <= SESSION_GROWTH * cost.weights_bytes
     assert LoadCost.from_bytes(cost.to_bytes(), "here") == cost
