@@ -35,7 +35,10 @@ from planner.profiling.profiler import RUN_CALLS, measure
 # times from its method 9, after one call not timed); and right after a pass of the model on
 # torch, as the profiler's passes ran before its run's calls
 HOW = ("same input", "alone", "after other", "after torch", "slices 1st", "slices next",
-       "slices mean")
+       "slices mean", "torch, pause")
+# "torch, pause": right after a pass on torch and a pause of PAUSE_S, in which torch's idle
+# OpenMP threads stop spinning (libgomp spins a while before it sleeps)
+PAUSE_S = 0.05
 
 
 def _run_figures(profile) -> tuple[str, str, list[float]]:
@@ -75,6 +78,8 @@ def _timings(cap, session, first: str, last: str, batches: list[int], rounds: in
         "slices 1st": lambda b: (call(other[b]), slices(b)[0])[1],
         "slices next": lambda b: (call(other[b]), statistics.median(slices(b)[1:]))[1],
         "slices mean": lambda b: (call(other[b]), statistics.fmean(slices(b)))[1],
+        "torch, pause": lambda b: (run_node(cap, cap.tree, xs[b]), time.sleep(PAUSE_S),
+                                   call(b))[2],
     }
     jobs = [(b, how) for b in batches for how in HOW]
     seconds: dict[tuple[int, str], list[float]] = {j: [] for j in jobs}
