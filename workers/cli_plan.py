@@ -82,8 +82,8 @@ def _load_line(store: Any, location: str, served: str, spec: Any, table: Any,
     except VbsError as exc:  # the tables stand; the service learns the cost at the first load
         return f"  what the worker without torch keeps not measured: {' '.join(str(exc).split())}"
     return (f"  loaded without torch: keeps {cost.kept_bytes / 2**20:.1f} MiB (weights "
-            f"{cost.weights_bytes / 2**20:.1f}, sessions {cost.held_bytes / 2**20:.1f}, batch buffer "
-            f"{cost.buffer_bytes / 2**20:.1f}), "
+            f"{cost.weights_bytes / 2**20:.1f}, sessions {cost.held_bytes / 2**20:.1f}, "
+            f"batch buffer {cost.buffer_bytes / 2**20:.1f}), "
             f"{cost.load_s:.2f} s; a session asks {cost.making_factor:.2f}x its weights free "
             f"(stored for the service)")
 
