@@ -39,7 +39,9 @@ class Precision:
     with every int8 unit on; ``error``: the largest difference of their outputs, relative
     to float32's scale (as the selection's check reads it); ``held_out``: how many samples.
     ``why``: what the choice was, in words (a user asked for float32, auto had no calibration
-    data, the guard kept units float32)."""
+    data, the guard kept units float32, int8 ran slower here); ``speedup``: float32's time
+    over int8's for the whole model on this machine (``planner.precision_speed``; 0: not
+    measured)."""
 
     int8: tuple[str, ...] = ()
     calibration: str = ""  # digest of the calibration samples
@@ -48,6 +50,9 @@ class Precision:
     held_out: int = 0
     max_error: float = 0.0
     why: str = ""
+    # float32's time over int8's, one call of the whole model on ONNX Runtime per sample at
+    # one sample and at a batch, measured where it was chosen (0: not measured)
+    speedup: float = 0.0
 
     @property
     def name(self) -> str:
@@ -72,7 +77,7 @@ class Precision:
     def to_json(self) -> dict[str, Any]:
         return {"precision": self.name, "int8": list(self.int8), "calibration": self.calibration,
                 "agreement": self.agreement, "error": self.error, "held_out": self.held_out,
-                "max_error": self.max_error, "why": self.why}
+                "max_error": self.max_error, "why": self.why, "speedup": self.speedup}
 
     @classmethod
     def from_json(cls, raw: dict[str, Any] | None) -> Precision:
@@ -81,7 +86,7 @@ class Precision:
         return cls(tuple(raw.get("int8", ())), str(raw.get("calibration", "")),
                    float(raw.get("agreement", 1.0)), float(raw.get("error", 0.0)),
                    int(raw.get("held_out", 0)), float(raw.get("max_error", 0.0)),
-                   str(raw.get("why", "")))
+                   str(raw.get("why", "")), float(raw.get("speedup", 0.0)))
 
 
 FLOAT = Precision()

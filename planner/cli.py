@@ -102,7 +102,8 @@ def load_capture(args: argparse.Namespace, settings: Settings) -> Any:
         return cap
     from planner.precision import with_precision  # ONNX Runtime's quantizer
 
-    return with_precision(cap, settings.precision, settings.calibration, settings.max_error)
+    return with_precision(cap, settings.precision, settings.calibration, settings.max_error,
+                          settings.profile_cache)
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
@@ -158,7 +159,9 @@ def runtime_lines(profile: Any) -> list[str]:
         lines.append(f"  precision: {len(precision.int8)} units int8 on ONNX Runtime (the rest "
                      f"float32): top-1 agreement {100 * precision.agreement:.1f}% with float32 "
                      f"on {precision.held_out} held-out samples, largest difference "
-                     f"{precision.error:.3g} of the output's scale ({precision.why})")
+                     f"{precision.error:.3g} of the output's scale"
+                     + (f", {precision.speedup:.2f}x float32's speed" if precision.speedup else "")
+                     + f" ({precision.why})")
     fastest = Counter(rt for layer in iter_layers(profile.root) for rt in layer.runtime)
     if fastest:
         lines.append("  fastest (units x batch sizes): " + ", ".join(

@@ -96,7 +96,8 @@ def capture_model(spec: ModelSpec, settings: Settings, *, batch_max: int | None 
     if settings.precision != FLOAT32:
         from planner.precision import with_precision  # ONNX Runtime's quantizer
 
-        cap = with_precision(cap, settings.precision, settings.calibration, settings.max_error)
+        cap = with_precision(cap, settings.precision, settings.calibration, settings.max_error,
+                             settings.profile_cache)
     options = options_from(settings, batch_max, grid)
     return Captured(cap, options, fingerprint(cap, options))
 

@@ -39,6 +39,7 @@ from core.runtimes.onnxrt import unavailable
 from core.tree import Layer
 from core.units import MODULE_GATE, Capture
 from planner.calibration import Calibration, read_calibration
+from planner.precision_speed import MIN_SPEEDUP, keeps_int8, measured_speedup
 
 log = logging.getLogger("vbs.plan")
 
@@ -57,10 +58,11 @@ class _Unit:
 
 
 def with_precision(capture: Capture, choice: str, calibration: Path | None,
-                   max_error: float) -> Capture:
+                   max_error: float, cache: Path | None = None) -> Capture:
     """``capture`` with its units' graphs at ``choice`` (``core.precision.CHOICES``): float32 as
     it is; int8 (and auto, given samples) quantized from ``calibration`` and guarded; auto
-    without samples float32, saying why."""
+    without samples, or where int8 does not run faster here (``planner.precision_speed``, its
+    verdict kept in ``cache``), float32, saying why."""
     check_choice(choice)
     if choice == FLOAT32:
         return capture
@@ -82,12 +84,25 @@ def with_precision(capture: Capture, choice: str, calibration: Path | None,
     graphs = export_units(capture)
     units = _quantize_units(capture, graphs, samples)
     precision, kept = _guard(capture, graphs, units, samples, max_error)
+    mixed = UnitGraphs(graphs.shapes, {**graphs.units, **{n: units[n].graph for n in kept}},
+                       graphs.joins, graphs.failed)
+    if kept:
+        speedup = measured_speedup(capture, graphs, mixed, kept, samples.digest, samples.fit,
+                                   cache)
+        precision = replace(precision, speedup=speedup)
+        if not keeps_int8(speedup):
+            slower = (f"the whole model with its {len(kept)} int8 units ran {speedup:.2f}x "
+                      f"float32's speed here ({MIN_SPEEDUP:g}x wanted)")
+            if choice == AUTO:
+                log.info("%s: %s; so float32", capture.model.spec.name, slower)
+                return replace(capture, precision=replace(
+                    FLOAT, why=f"auto: {slower}; so float32", speedup=speedup))
+            precision = replace(precision, why=f"{precision.why}; {slower}: --precision auto "
+                                               "would run float32")
     log.info("%s: %d of %d units int8 (top-1 agreement %.1f%% on %d held-out samples, largest "
              "difference %.3g of the output's scale) in %.1f s", capture.model.spec.name,
              len(kept), len(graphs.units), 100 * precision.agreement, precision.held_out,
              precision.error, time.perf_counter() - t0)
-    mixed = UnitGraphs(graphs.shapes, {**graphs.units, **{n: units[n].graph for n in kept}},
-                       graphs.joins, graphs.failed)
     return replace(capture, graphs=mixed, precision=precision, held_out=samples.held_out)
 
 

@@ -1,4 +1,4 @@
-"""A model planned in int8 (`vbs plan --precision auto --calibration DIR`) served beside its
+"""A model planned in int8 (`vbs plan --precision int8 --calibration DIR`) served beside its
 float32 tables under another name: `/models`, the OIP metadata and config and `/plan` say each
 one's precision, and both answer (the accuracy is tests/workers/test_precision.py's)."""
 
@@ -30,7 +30,7 @@ def test_int8_and_float32_served_side_by_side_say_their_precision(
     np.save(folder / "samples.npy", x[600:664])
     common = ["--weights", str(weights), "--batch-max", "4", "--store", str(tmp_path / "store"),
               "--cache-dir", str(tmp_path / "cache"), "--select-rounds", "1", "--quiet"]
-    assert main(["plan", "--model", f"d8={NAME}", "--precision", "auto", "--calibration",
+    assert main(["plan", "--model", f"d8={NAME}", "--precision", "int8", "--calibration",
                  str(folder), *common]) == 0
     assert main(["plan", "--model", f"d32={NAME}", *common]) == 0
     settings = make_settings(models=[f"d8={NAME}", f"d32={NAME}"], weights=weights,

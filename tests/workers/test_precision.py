@@ -65,13 +65,14 @@ def _answers(worker: Worker, x: np.ndarray) -> np.ndarray:
 
 def test_int8_served_without_torch_keeps_the_trained_models_accuracy(
         tmp_path: Path, trained: tuple[Path, Path, np.ndarray, np.ndarray]) -> None:
-    """`vbs plan --precision auto --calibration DIR` on a CNN trained on real digits: its units
-    int8 where the guard allowed (said in the profile and the compiled model), its weights a
+    """`vbs plan --precision int8 --calibration DIR` on a CNN trained on real digits (int8
+    whatever its speed here, which decides `auto`: the test below): its units int8 where the
+    guard allowed (said in the profile and the compiled model), its weights a
     third of float32's bytes or less, and the plans the worker without torch serves answer the
     held-out test set within 1 point of float32's accuracy; the float32 model planned beside it
     under the same name keeps its own table."""
     weights, folder, x, y = trained
-    assert _plan(tmp_path, weights, "d8", "--precision", "auto", "--calibration",
+    assert _plan(tmp_path, weights, "d8", "--precision", "int8", "--calibration",
                  str(folder)) == 0
     assert _plan(tmp_path, weights, "d32") == 0
     worker8, lean8 = _served(tmp_path / "store", "d8", weights)
@@ -136,6 +137,41 @@ def test_the_guard_keeps_float32_the_units_that_would_move_the_answer(
     assert len(guarded.precision.int8) < len(every.precision.int8)
     assert guarded.precision.agreement == 1.0
     assert "stay float32" in guarded.precision.why or not guarded.precision.int8
+
+
+def test_auto_keeps_int8_only_where_this_machine_measured_it_faster(
+        tmp_path: Path, trained: tuple[Path, Path, np.ndarray, np.ndarray]) -> None:
+    """`auto` measures the whole model in int8 against float32 once and keeps the verdict
+    beside the profiles; where int8 ran below ``MIN_SPEEDUP`` of float32's speed it stays
+    float32 and says why (the same fingerprint as float32), else it keeps the guard's units;
+    `int8` keeps them either way and says what auto would do. The verdict is set here in the
+    cache (what another run on another machine could have measured): no timing decides."""
+    from planner.graph.capture import capture
+    from planner.models import load_model
+    from planner.precision import with_precision
+    from planner.precision_speed import FOLDER, MIN_SPEEDUP, keeps_int8
+
+    weights, folder, _, _ = trained
+    cache = tmp_path / "cache"
+    cap = capture(load_model(ModelSpec(NAME, input_shape=SHAPE, weights=weights)))
+    first = with_precision(cap, "auto", folder, 0.5, cache)
+    (verdict,) = (cache / FOLDER).iterdir()  # measured once, kept
+    assert first.precision.speedup > 0
+    assert bool(first.precision.int8) == keeps_int8(first.precision.speedup)
+    assert first.precision.speedup == with_precision(cap, "auto", folder, 0.5, cache
+                                                     ).precision.speedup  # read back
+    verdict.write_text('{"speedup": 0.5}')
+    slow = with_precision(cap, "auto", folder, 0.5, cache)
+    assert slow.precision.int8 == () and slow.precision.speedup == 0.5
+    assert "0.50x float32's speed" in slow.precision.why and "so float32" in slow.precision.why
+    assert slow.graphs is cap.graphs and slow.precision.fingerprint_key() is None
+    asked = with_precision(cap, "int8", folder, 0.5, cache)
+    assert asked.precision.int8 and "--precision auto would run float32" in asked.precision.why
+    verdict.write_text(f'{{"speedup": {MIN_SPEEDUP + 1}}}')
+    fast = with_precision(cap, "auto", folder, 0.5, cache)
+    assert fast.precision.int8 == asked.precision.int8
+    assert fast.precision.speedup == MIN_SPEEDUP + 1 and "auto would" not in fast.precision.why
+    assert not keeps_int8(MIN_SPEEDUP - 0.01) and keeps_int8(0.0)  # 0: not measured
 
 
 def test_precision_without_samples_or_with_wrong_ones_says_what_to_give(
