@@ -97,8 +97,9 @@ def with_precision(capture: Capture, choice: str, calibration: Path | None,
                 log.info("%s: %s; so float32", capture.model.spec.name, slower)
                 return replace(capture, precision=replace(
                     FLOAT, why=f"auto: {slower}; so float32", speedup=speedup))
-            precision = replace(precision, why=f"{precision.why}; {slower}: --precision auto "
-                                               "would run float32")
+            precision = replace(precision, why=f"{precision.why}; below {MIN_SPEEDUP:g}x "
+                                               "float32's speed: --precision auto would run "
+                                               "float32")
     log.info("%s: %d of %d units int8 (top-1 agreement %.1f%% on %d held-out samples, largest "
              "difference %.3g of the output's scale) in %.1f s", capture.model.spec.name,
              len(kept), len(graphs.units), 100 * precision.agreement, precision.held_out,
