@@ -44,7 +44,7 @@ import onnx
 import onnxruntime as ort
 
 from core.errors import ExecutionError, OutOfMemoryError
-from core.malloc import LARGE_BLOCK, map_large_blocks
+from core.malloc import LARGE_BLOCK, map_large_blocks, trimmer
 from core.runtimes.onnx_compose import CannotCompose, UnitGraphs
 from core.runtimes.ort_memory import reset_peak, status_bytes
 from core.runtimes.ort_weights import SharedWeights
@@ -92,6 +92,10 @@ SESSION_GROWTH = 7
 FACTOR_MARGIN = 0.5
 FACTOR_FLOOR = 1.5
 SEEN_WEIGHTS = 1 << 20  # sessions of fewer weight bytes are not measured per byte
+# glibc's free pages back to the kernel, around a session's making: what it allocated and freed
+# while it was made (a weight read from its file, then packed; its optimiser's copies) stays on
+# the heap otherwise, resident and counted as the session's, 2-5x what it keeps
+_TRIM = trimmer()
 
 
 def served_factor(measured: float) -> float:
@@ -309,11 +313,13 @@ class OrtSessions:
                 need = math.ceil(self.making_factor * weights)
                 self._making = max(self._making, need)
                 self._make_room(first, last, need)
+                _TRIM()  # what earlier work left free on the heap is not this session's
                 before = status_bytes("VmRSS")
                 session = self._weights.session(run.model, session_options(
                     self.threads, spin=self.spin), sources=run.sources)
                 if composing is not None and weights >= SEEN_WEIGHTS:  # below: its own rules
                     self._seen = max(self._seen, (status_bytes("VmHWM") - composing) / weights)
+                _TRIM()  # nor what making it freed: what it keeps is what stays
                 # what the process grew by, less the weights it added to the shared ones
                 # (counted once, in held_bytes), and at least its graph, which it copies (the
                 # weights too small to share among them), and the weights it packs and owns:
