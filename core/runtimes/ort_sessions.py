@@ -93,8 +93,9 @@ FACTOR_MARGIN = 0.5
 FACTOR_FLOOR = 1.5
 SEEN_WEIGHTS = 1 << 20  # sessions of fewer weight bytes are not measured per byte
 # glibc's free pages back to the kernel, around a session's making: what it allocated and freed
-# while it was made (a weight read from its file, then packed; its optimiser's copies) stays on
-# the heap otherwise, resident and counted as the session's, 2-5x what it keeps
+# while it was made (a weight read from its file, then packed) stays on the heap otherwise,
+# resident and counted as the session's; and pages freed before would serve what it keeps
+# without the process growing, so that would not count (docs/benchmarks.md, section 13)
 _TRIM = trimmer()
 
 
