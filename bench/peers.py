@@ -3,7 +3,7 @@ Triton, eager and with ONNX Runtime, one at a time.
 
     .venv-peers/bin/python bench/peers.py --model mobilenet_v2 [--clients 1,8] [--duration 20]
         [--warmup 5] [--rounds 2] [--batch-sizes 1,8,16] [--only vbs,triton-ort-8]
-        [--protocol http|grpc] [--json OUT] [--int8 MODEL-int8.onnx]
+        [--protocol http|grpc] [--json OUT] [--int8 MODEL-int8.onnx] [--bf16 CALIBRATION]
 
 Needs the optional extra, in a venv of its own (nvidia-pytriton pins numpy<2, which pip then
 picks): ``python3 -m venv .venv-peers && .venv-peers/bin/pip install torch==2.14.1
@@ -41,6 +41,10 @@ peer's largest batch, tried for each of ``--batch-sizes`` (the tuning):
 - ``triton-ort-int8-B`` (with ``--int8``): ``triton-ort-B`` on the same int8 model as one ONNX
   file (``bench/int8_export.py`` composes it from those compiled units): a user who quantized
   the model alone and serves it tuned.
+- ``vbs-bf16`` (with ``--bf16 DIR``): `vbs serve` of the model in bfloat16 on torch
+  (``VBS_PRECISION=bfloat16``, ``VBS_CALIBRATION=DIR``), its tables planned beforehand under
+  the alias ``MODEL-bf16`` (`vbs plan --model MODEL-bf16=MODEL --precision bfloat16
+  --calibration DIR`).
 
 With ``--protocol grpc`` the same clients call the Open Inference Protocol's ``ModelInfer``
 over gRPC instead (``loadgen.loadtest_grpc``: the sample as raw tensor bytes, as Triton's
@@ -80,6 +84,7 @@ FAMILIES = {"ray": ("ray", "torch"), "lit": ("lit", "torch"), "lit-ort": ("lit",
             "triton-ort-spin": ("triton", "ort-spin"), "triton-torch": ("triton", "torch"),
             "triton-ort-int8": ("triton", "ort-int8")}
 INT8 = ("vbs-int8", "triton-ort-int8")  # configurations of the int8 model (``--int8``)
+BF16 = "vbs-bf16"  # the model in bfloat16 (``--bf16``)
 GRPC = {"vbs", "triton"}  # the servers that speak OIP v2 over gRPC
 
 
@@ -208,9 +213,11 @@ def start(kind: str, args: argparse.Namespace, port: int, grpc_port: int
     """Start one server, its gRPC on ``grpc_port`` where it has one (0: off); (process, path to
     POST to, request format)."""
     env = {**os.environ, "VBS_CACHE_DIR": args.cache_dir}
-    if kind in ("vbs", "vbs-int8"):
+    if kind in ("vbs", "vbs-int8", BF16):
         vbs = Path(sys.executable).with_name("vbs")
         entry = args.model if kind == "vbs" else f"{served_name(kind, args.model)}={args.model}"
+        if kind == BF16:
+            env.update(VBS_PRECISION="bfloat16", VBS_CALIBRATION=args.bf16)
         process = subprocess.Popen(
             [str(vbs), "serve", "--grpc-port", str(grpc_port), "--model", entry, "--store",
              args.store, "--batch-max", str(args.batch_max), "--port", str(port),
@@ -252,17 +259,19 @@ def parse_config(kind: str) -> tuple[str, str, int]:
     return (*FAMILIES[family], int(batch))
 
 
-def configs(sizes: list[int], protocol: str = "http", int8: bool = False) -> list[str]:
+def configs(sizes: list[int], protocol: str = "http", int8: bool = False,
+            bf16: bool = False) -> list[str]:
     """Every configuration that speaks ``protocol``: vbs, then each peer and runtime at each
-    batch size (those of the int8 model with ``int8``)."""
-    every = ["vbs", "vbs-int8", *[f"{family}-{b}" for family, (peer, _) in FAMILIES.items()
-                                  for b in sizes if protocol == "http" or peer in GRPC]]
-    return [c for c in every if int8 or not c.startswith(INT8)]
+    batch size (those of the int8 model with ``int8``, vbs in bfloat16 with ``bf16``)."""
+    every = ["vbs", "vbs-int8", BF16, *[f"{family}-{b}" for family, (peer, _) in FAMILIES.items()
+                                        for b in sizes if protocol == "http" or peer in GRPC]]
+    return [c for c in every if (int8 or not c.startswith(INT8)) and (bf16 or c != BF16)]
 
 
 def served_name(config: str, model: str) -> str:
-    """The model name a configuration's requests carry (vbs-int8 serves an alias)."""
-    return f"{model}-int8" if config == "vbs-int8" else model
+    """The model name a configuration's requests carry (vbs-int8 and vbs-bf16 serve an
+    alias)."""
+    return {"vbs-int8": f"{model}-int8", BF16: f"{model}-bf16"}.get(config, model)
 
 
 def onnx_path(args: argparse.Namespace) -> Path:
@@ -315,6 +324,9 @@ def main() -> None:
     ap.add_argument("--int8", metavar="FILE",
                     help="the int8 model as one ONNX file (bench/int8_export.py): adds vbs-int8 "
                          "(its tables planned in --store as MODEL-int8) and triton-ort-int8-B")
+    ap.add_argument("--bf16", metavar="DIR",
+                    help="calibration samples the bfloat16 model was planned with: adds "
+                         "vbs-bf16 (its tables planned in --store as MODEL-bf16)")
     args = ap.parse_args()
     args.threads = args.threads or os.cpu_count() or 1
     if args.command == "serve-ray":
@@ -341,7 +353,7 @@ def bench(args: argparse.Namespace) -> None:
 
     clients = [int(c) for c in args.clients.split(",")]
     sizes = [int(b) for b in args.batch_sizes.split(",")]
-    chosen = configs(sizes, args.protocol, bool(args.int8))
+    chosen = configs(sizes, args.protocol, bool(args.int8), bool(args.bf16))
     if args.only:
         unknown = set(args.only.split(",")) - set(chosen)
         if unknown:
@@ -407,11 +419,14 @@ def summarize(results: list[dict[str, Any]], clients: int) -> None:
         top = max(tuned.values(), key=worse.get)  # type: ignore[arg-type]
         print(f"{clients} clients: vbs {worse['vbs']:.1f} samples/s (worse round) against the "
               f"best tuned peer {top} {worse[top]:.1f}: {worse['vbs'] / worse[top]:.2f}x")
-    if "vbs-int8" in worse:
-        rivals = [cfg for cfg in ("vbs", tuned.get("triton-ort"), tuned.get("triton-ort-spin"),
-                                  tuned.get("triton-ort-int8")) if cfg in worse]
-        print(f"{clients} clients: vbs-int8 {worse['vbs-int8']:.1f} samples/s (worse round): " +
-              ", ".join(f"{worse['vbs-int8'] / worse[cfg]:.2f}x {cfg}" for cfg in rivals))
+    for mine in ("vbs-int8", BF16):
+        if mine not in worse:
+            continue
+        rivals = [cfg for cfg in ("vbs", "vbs-int8", tuned.get("triton-ort"),
+                                  tuned.get("triton-ort-spin"), tuned.get("triton-ort-int8"))
+                  if cfg in worse and cfg != mine]
+        print(f"{clients} clients: {mine} {worse[mine]:.1f} samples/s (worse round): " +
+              ", ".join(f"{worse[mine] / worse[cfg]:.2f}x {cfg}" for cfg in rivals))
 
 
 def _model_shape(name: str) -> tuple[int, ...]:

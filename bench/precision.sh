@@ -7,7 +7,8 @@
 #   bash bench/precision.sh [WORK_DIR] (default /tmp/vbs-precision); MODELS (space-separated),
 #   BATCH (the largest batch of every server), CLIENTS, ROUNDS, DURATION and MAX_ERROR (the
 #   guard's bound, default 0.01) override; PRECISION=int8 plans the int8 model in int8 even
-#   where auto measures int8 slower here and stays float32 (then its export is float32 too)
+#   where auto measures int8 slower here and stays float32 (then its export is float32 too);
+#   BF16=1 also plans and serves the model in bfloat16 on torch (MODEL-bf16, vbs-bf16)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=${1:-/tmp/vbs-precision}
@@ -25,9 +26,15 @@ for model in "${models[@]}"; do
     --max-error "${MAX_ERROR:-0.01}" --store "$store" --batch-max "$batch" --replan --quiet
   "$py" bench/int8_export.py --store "$store" --served "$model-int8" --model "$model" \
     --out "$work/$model-int8.onnx"
+  bf16=()
+  if [[ -n "${BF16:-}" ]]; then
+    "$vbs" plan --model "$model-bf16=$model" --precision bfloat16 --calibration "$work/$model-calibration" \
+      --max-error "${MAX_ERROR:-0.01}" --store "$store" --batch-max "$batch" --replan --quiet
+    bf16=(--bf16 "$work/$model-calibration")
+  fi
   "$py" bench/peers.py --model "$model" --store "$store" --batch-max "$batch" \
     --clients "${CLIENTS:-8}" --duration "${DURATION:-20}" --warmup 5 --rounds "${ROUNDS:-2}" \
-    --batch-sizes "$batch" --int8 "$work/$model-int8.onnx" \
-    --only "vbs,vbs-int8,triton-ort-spin-$batch,triton-ort-$batch,triton-ort-int8-$batch" \
+    --batch-sizes "$batch" --int8 "$work/$model-int8.onnx" "${bf16[@]}" \
+    --only "vbs,vbs-int8${BF16:+,vbs-bf16},triton-ort-spin-$batch,triton-ort-$batch,triton-ort-int8-$batch" \
     --json "$work/$model-peers.json"
 done

@@ -31,7 +31,7 @@ import torch
 from onnx import TensorProto
 
 from core.errors import UsageError
-from core.precision import AUTO, FLOAT, FLOAT32, INT8, Precision, check_choice
+from core.precision import AUTO, BFLOAT16, FLOAT, FLOAT32, Precision, check_choice
 from core.runner import run_node, run_unit
 from core.runtimes.onnx_compose import OPSET, UnitGraphs
 from core.runtimes.onnx_graphs import export_units
@@ -39,6 +39,7 @@ from core.runtimes.onnxrt import unavailable
 from core.tree import Layer
 from core.units import MODULE_GATE, Capture
 from planner.calibration import Calibration, read_calibration
+from planner.precision_bf16 import fastest, in_bfloat16, native
 from planner.precision_speed import MIN_SPEEDUP, keeps_int8, measured_speedup
 
 log = logging.getLogger("vbs.plan")
@@ -60,26 +61,58 @@ class _Unit:
 def with_precision(capture: Capture, choice: str, calibration: Path | None,
                    max_error: float, cache: Path | None = None) -> Capture:
     """``capture`` with its units' graphs at ``choice`` (``core.precision.CHOICES``): float32 as
-    it is; int8 (and auto, given samples) quantized from ``calibration`` and guarded; auto
-    without samples, or where int8 does not run faster here (``planner.precision_speed``, its
-    verdict kept in ``cache``), float32, saying why."""
+    it is; int8 (and auto, given samples) quantized from ``calibration`` and guarded; bfloat16
+    (and auto, where the CPU has its kernels and it measured fastest here:
+    ``planner.precision_bf16``) the model captured again at that dtype and guarded; auto
+    without samples, or where neither runs faster here (``planner.precision_speed``, its
+    verdicts kept in ``cache``), float32, saying why."""
     check_choice(choice)
     if choice == FLOAT32:
         return capture
     if calibration is None:
-        if choice == INT8:
-            raise UsageError("--precision int8 needs --calibration DIR: samples of the model's "
-                             "input (.npy or images) that int8's scales are fitted on and its "
-                             "error is measured on")
+        if choice != AUTO:
+            raise UsageError(f"--precision {choice} needs --calibration DIR: samples of the "
+                             "model's input (.npy or images) that its error is measured on "
+                             "(and int8's scales fitted on)")
         return replace(capture, precision=replace(
             FLOAT, why="auto: no calibration samples (--calibration DIR), so float32"))
+    samples = read_calibration(calibration, capture.model.spec.name, capture.input_shape)
+    if choice == BFLOAT16:
+        bf = in_bfloat16(capture, samples, max_error, lambda dtype: _recaptured(capture, dtype))
+        if not bf.kept:
+            return replace(capture, precision=replace(bf.capture.precision, dtype=FLOAT32,
+                                                      why=f"{bf.why}: float32"))
+        if not native(capture.model.device):
+            return replace(bf.capture, precision=replace(
+                bf.capture.precision, why=f"{bf.why}; this device has no bfloat16 kernels "
+                                          "(AVX512-BF16 or AMX): torch emulates them, slower "
+                                          "than float32"))
+        return bf.capture
+    int8 = _int8(capture, choice, samples, max_error, cache)
+    if choice == AUTO and capture.model.spec.dtype == FLOAT32 and native(capture.model.device):
+        bf = in_bfloat16(capture, samples, max_error, lambda dtype: _recaptured(capture, dtype))
+        return fastest(capture, int8.capture, bf, int8.graphs, int8.mixed, samples, cache)
+    return int8.capture
+
+
+@dataclass(frozen=True)
+class _Int8:
+    """The int8 choice: the capture it gives (int8 units, or float32 saying why), and the
+    whole model's float32 and mixed graphs where it made them (for bfloat16's comparison)."""
+
+    capture: Capture
+    graphs: UnitGraphs | None = None
+    mixed: UnitGraphs | None = None
+
+
+def _int8(capture: Capture, choice: str, samples: Calibration, max_error: float,
+          cache: Path | None) -> _Int8:
     why = unavailable(capture)
     if why and choice == AUTO:
-        return replace(capture, precision=replace(
-            FLOAT, why=f"auto: int8 units run on ONNX Runtime, and {why}; so float32"))
+        return _Int8(replace(capture, precision=replace(
+            FLOAT, why=f"auto: int8 units run on ONNX Runtime, and {why}; so float32")))
     if why:
         raise UsageError(f"--precision {choice}: int8 units run on ONNX Runtime, and {why}")
-    samples = read_calibration(calibration, capture.model.spec.name, capture.input_shape)
     t0 = time.perf_counter()
     graphs = export_units(capture)
     units = _quantize_units(capture, graphs, samples)
@@ -95,8 +128,8 @@ def with_precision(capture: Capture, choice: str, calibration: Path | None,
                       f"float32's speed here ({MIN_SPEEDUP:g}x wanted)")
             if choice == AUTO:
                 log.info("%s: %s; so float32", capture.model.spec.name, slower)
-                return replace(capture, precision=replace(
-                    FLOAT, why=f"auto: {slower}; so float32", speedup=speedup))
+                return _Int8(replace(capture, precision=replace(
+                    FLOAT, why=f"auto: {slower}; so float32", speedup=speedup)), graphs)
             precision = replace(precision, why=f"{precision.why}; below {MIN_SPEEDUP:g}x "
                                                "float32's speed: --precision auto would run "
                                                "float32")
@@ -104,7 +137,16 @@ def with_precision(capture: Capture, choice: str, calibration: Path | None,
              "difference %.3g of the output's scale) in %.1f s", capture.model.spec.name,
              len(kept), len(graphs.units), 100 * precision.agreement, precision.held_out,
              precision.error, time.perf_counter() - t0)
-    return replace(capture, graphs=mixed, precision=precision, held_out=samples.held_out)
+    return _Int8(replace(capture, graphs=mixed, precision=precision, held_out=samples.held_out),
+                 graphs, mixed)
+
+
+def _recaptured(capture: Capture, dtype: str) -> Capture:
+    """The model of ``capture`` loaded and captured again at ``dtype``."""
+    from planner.graph.capture import capture as capture_of
+    from planner.models import load_model
+
+    return capture_of(load_model(replace(capture.model.spec, dtype=dtype)))
 
 
 def _quantize_units(capture: Capture, graphs: UnitGraphs, samples: Calibration

@@ -11,6 +11,9 @@ session options); `--precision int8` keeps it whatever it measured, and says so.
 is cached by what decides it (the model's tree, its int8 units, the calibration samples, this
 CPU, ONNX Runtime's version), so every process that captures the model again (`vbs plan`'s
 load measurement, a torch worker) makes the same choice and finds the same tables.
+Where the CPU has bfloat16 kernels, ``measured_times`` times torch's bfloat16 model beside
+float32 (ONNX Runtime's and torch's) and the int8 units, in the same rounds, for `auto`'s
+choice among them (``planner.precision_bf16``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import logging
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -53,27 +57,59 @@ def measured_speedup(capture: Capture, float32: UnitGraphs, mixed: UnitGraphs,
     """float32's time over ``mixed``'s (the model with units ``int8`` in int8), per sample,
     from ``cache`` where this machine measured it before, else measured now and kept there;
     0.0 where the whole model does not compose into one graph (not measured)."""
-    path = None
-    if cache is not None:
-        path = cache / FOLDER / f"{_key(capture, int8, digest)}.json"
-        try:
-            return float(json.loads(path.read_text())["speedup"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # not measured here yet (or unreadable): measure it
+    path = None if cache is None else cache / FOLDER / f"{_key(capture, int8, digest)}.json"
+    found = _read(path)
+    if found is not None and "speedup" in found:
+        return float(found["speedup"])
     value = _measure(float32, mixed, sample)
-    if path is not None and value > 0:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"speedup": value}))
-        tmp.replace(path)
+    if value > 0:
+        _write(path, {"speedup": value})
     return value
 
 
-def _key(capture: Capture, int8: tuple[str, ...], digest: str) -> str:
+def measured_times(capture: Capture, runs: dict[str, Callable[[np.ndarray], object]],
+                   int8: tuple[str, ...], digest: str, sample: np.ndarray,
+                   cache: Path | None) -> dict[str, float]:
+    """Seconds per sample of each of ``runs`` (a name to a call of the whole model on an
+    array of samples: float32 on ONNX Runtime and on torch, the int8 units, torch in
+    bfloat16), timed in the same interleaved rounds at one sample and at ``BATCH``, from
+    ``cache`` where this machine measured them before, else measured now and kept there."""
+    path = None if cache is None else \
+        cache / FOLDER / f"{_key(capture, int8, digest, runs=sorted(runs))}.json"
+    found = _read(path)
+    if found is not None and set(found.get("seconds", {})) == set(runs):
+        return {name: float(v) for name, v in found["seconds"].items()}
+    seconds = _per_sample(runs, sample)
+    _write(path, {"seconds": seconds})
+    return seconds
+
+
+def _read(path: Path | None) -> dict | None:
+    if path is None:
+        return None
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # not measured here yet (or unreadable): measure it
+    return found if isinstance(found, dict) else None
+
+
+def _write(path: Path | None, value: dict) -> None:
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(value))
+    tmp.replace(path)
+
+
+def _key(capture: Capture, int8: tuple[str, ...], digest: str, **more: object) -> str:
     key = {"tree": node_to_json(capture.tree, measured=False), "model": capture.model.spec.name,
            "input_shape": list(capture.input_shape), "int8": sorted(int8),
            "calibration": digest, "device": device_name(capture.model.device),
-           "onnxruntime": ort.__version__, "batch": BATCH, "rounds": ROUNDS}
+           "onnxruntime": ort.__version__, "batch": BATCH, "rounds": ROUNDS, **more}
+    if more:  # torch's kernels are timed too
+        key["torch"] = torch.__version__
     blob = json.dumps(key, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -87,25 +123,35 @@ def _measure(float32: UnitGraphs, mixed: UnitGraphs, sample: np.ndarray) -> floa
     except CannotCompose as exc:
         log.info("int8's speed not measured: the model is not one graph (%s)", exc)
         return 0.0
-    threads = torch.get_num_threads()
-    sessions = {name: ort.InferenceSession(g.SerializeToString(), session_options(threads),
-                                           providers=["CPUExecutionProvider"])
-                for name, g in graphs.items()}
-    feeds = {b: {"x": np.ascontiguousarray(np.resize(sample, (b, *sample.shape[1:])),
-                                           dtype=np.float32)} for b in (1, BATCH)}
-    seen: dict[tuple[str, int], list[float]] = {(n, b): [] for n in sessions for b in feeds}
-    order = [(n, b) for n in sessions for b in feeds]
+    seconds = _per_sample({name: session_run(g) for name, g in graphs.items()}, sample)
+    return round(seconds["float32"] / seconds["int8"], 3)
+
+
+def session_run(graph: object) -> Callable[[np.ndarray], object]:
+    """A call of ``graph`` (an ONNX model of the whole model, input ``x``) in a session made as
+    vbs-serve makes its own."""
+    session = ort.InferenceSession(graph.SerializeToString(),  # type: ignore[attr-defined]
+                                   session_options(torch.get_num_threads()),
+                                   providers=["CPUExecutionProvider"])
+    return lambda x: session.run(None, {"x": x})
+
+
+def _per_sample(runs: dict[str, Callable[[np.ndarray], object]], sample: np.ndarray
+                ) -> dict[str, float]:
+    """Each run timed in interleaved rounds at one sample and at ``BATCH``: its seconds per
+    sample, the two sizes' summed."""
+    feeds = {b: np.ascontiguousarray(np.resize(sample, (b, *sample.shape[1:])),
+                                     dtype=np.float32) for b in (1, BATCH)}
+    seen: dict[tuple[str, int], list[float]] = {(n, b): [] for n in runs for b in feeds}
+    order = [(n, b) for n in runs for b in feeds]
     for k in range(WARMUP + ROUNDS):
-        for name, b in (order if k % 2 else order[::-1]):  # drift hits both alike
+        for name, b in (order if k % 2 else order[::-1]):  # drift hits all alike
             t0 = time.perf_counter()
-            sessions[name].run(None, feeds[b])
+            runs[name](feeds[b])
             if k >= WARMUP:
                 seen[name, b].append(time.perf_counter() - t0)
-
-    def per_sample(name: str) -> float:
-        return sum(statistics.median(seen[name, b]) / b for b in feeds)
-
-    return round(per_sample("float32") / per_sample("int8"), 3)
+    return {name: round(sum(statistics.median(seen[name, b]) / b for b in feeds), 6)
+            for name in runs}
 
 
-__all__ = ["MIN_SPEEDUP", "keeps_int8", "measured_speedup"]
+__all__ = ["MIN_SPEEDUP", "keeps_int8", "measured_speedup", "measured_times", "session_run"]

@@ -44,7 +44,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print(f"{served}: table {prepared.table_id} (r = 1..{table.batch_max}, "
                   f"{len(table.plans)} plans; also {others}) {how} at {store.location}")
             precision = prepared.capture.precision
-            if not precision.int8 and precision.why:  # asked for int8 or auto: why not
+            if not precision.chosen and precision.why:  # asked for int8, bfloat16 or auto: why not
                 print(f"  precision: float32 ({precision.why})")
             for line in runtime_lines(prepared.profile):
                 print(line)

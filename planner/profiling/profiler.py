@@ -513,7 +513,7 @@ def _meta(capture: Capture, options: ProfileOptions, grid: list[int],
     """The profile's ``meta``: what was measured, how, on what, and its fingerprint."""
     device = capture.model.device
     spec = capture.model.spec
-    precision = {"precision": capture.precision.to_json()} if capture.precision.int8 else {}
+    precision = {"precision": capture.precision.to_json()} if capture.precision.chosen else {}
     lean = {"lean": True} if options.lean else {}  # tables of the worker without torch
     return {
         **precision, **lean,
@@ -544,7 +544,7 @@ def cached_profile(capture: Capture, options: ProfileOptions, cache_dir: Path,
             log.warning("ignoring unreadable cached profile %s: %s", path, exc)
         else:
             log.info("profile cache hit: %s", path)
-            if capture.precision.int8:  # the same kernels; what the guard measured is now's
+            if capture.precision.chosen:  # the same kernels; what the guard measured is now's
                 profile = dataclasses.replace(profile, meta={
                     **profile.meta, "precision": capture.precision.to_json()})
             return profile, True

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from core.errors import UsageError
-from core.precision import FLOAT, FLOAT32, Precision
+from core.precision import FLOAT, Precision
 from core.runtimes import ONNXRUNTIME
 from planner.solver.compare import BASELINE, STRATEGIES, unit_uses
 from core.runs import plan_shape
@@ -41,8 +41,7 @@ def plan_description(table: PlanTable, index: int, r: int,
             "shape": plan_shape(table.program(index).steps, tp.runs),
             "units": [{"unit": u.name, "batches": list(u.batches), "need_bytes": u.need_bytes,
                        "runtime": "+".join(u.runtimes) or "torch",
-                       "precision": precision.of(u.name) if ONNXRUNTIME in u.runtimes
-                       else FLOAT32}
+                       "precision": precision.of(u.name, ONNXRUNTIME in u.runtimes)}
                       for u in unit_uses(table, index)]}
 
 

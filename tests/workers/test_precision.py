@@ -140,16 +140,21 @@ def test_the_guard_keeps_float32_the_units_that_would_move_the_answer(
 
 
 def test_auto_keeps_int8_only_where_this_machine_measured_it_faster(
-        tmp_path: Path, trained: tuple[Path, Path, np.ndarray, np.ndarray]) -> None:
+        tmp_path: Path, trained: tuple[Path, Path, np.ndarray, np.ndarray],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """`auto` measures the whole model in int8 against float32 once and keeps the verdict
     beside the profiles; where int8 ran below ``MIN_SPEEDUP`` of float32's speed it stays
     float32 and says why (the same fingerprint as float32), else it keeps the guard's units;
     `int8` keeps them either way and says what auto would do. The verdict is set here in the
-    cache (what another run on another machine could have measured): no timing decides."""
+    cache (what another run on another machine could have measured): no timing decides;
+    bfloat16 is not weighed (a CPU without its kernels: the test below weighs it)."""
+    import planner.precision as precision_module
     from planner.graph.capture import capture
     from planner.models import load_model
     from planner.precision import with_precision
     from planner.precision_speed import FOLDER, MIN_SPEEDUP, keeps_int8
+
+    monkeypatch.setattr(precision_module, "native", lambda device: False)
 
     weights, folder, _, _ = trained
     cache = tmp_path / "cache"
@@ -209,3 +214,104 @@ def test_a_plan_says_what_its_own_guard_measured_when_the_profile_is_cached(
     worker.release()
     assert Precision.from_json(lean.profile.meta["precision"]).max_error == 0.25
     assert Precision.from_json(lean.compiled.meta["precision"]).max_error == 0.25
+
+
+def test_bfloat16_served_keeps_the_trained_models_accuracy(
+        tmp_path: Path, trained: tuple[Path, Path, np.ndarray, np.ndarray]) -> None:
+    """`vbs plan --precision bfloat16 --calibration DIR` on the digits CNN: the model captured
+    again at bfloat16 (every unit on torch: the profile, /plan and the page say so, and what
+    the guard measured), its fingerprint its own, and the torch worker's plans answer the
+    held-out test set within 1 point of float32's accuracy, in bfloat16 (not float32's
+    answers), within bfloat16's tolerance of the bfloat16 model's own."""
+    from core.precision import BFLOAT16, BFLOAT16_TOLERANCE
+    from planner.pipeline import prepare
+
+    weights, folder, x, y = trained
+    assert _plan(tmp_path, weights, "b16", "--precision", "bfloat16", "--calibration",
+                 str(folder)) == 0
+    spec = ModelSpec(NAME, input_shape=SHAPE, weights=weights)
+    settings = Settings(precision="bfloat16", calibration=folder, cache_dir=tmp_path / "cache",
+                        max_error=0.01)
+    with open_store(str(tmp_path / "store")) as st:
+        prepared = prepare(spec, settings, st, batch_max=4, progress=False)
+    assert not prepared.published  # the table `vbs plan` stored: the same fingerprint
+    precision = Precision.from_json(prepared.profile.meta.get("precision"))
+    assert precision.name == BFLOAT16 and precision == prepared.capture.precision
+    assert prepared.profile.meta["dtype"] == BFLOAT16 and precision.held_out == CALIBRATION // 4
+    assert precision.agreement >= 1 - settings.max_error and 0 < precision.error < 0.1
+    table = prepared.table
+    units = plan_description(table, int(table.row(4).plans[-1]), 4, precision)["units"]
+    assert units and all(u["precision"] == BFLOAT16 for u in units)
+    worker = Worker(prepared.capture, table, MemoryProbe("cpu"), name="b16")
+    try:  # as a torch worker is given a batch: the model's input on its device and dtype
+        got = np.concatenate([
+            worker.infer(worker.model.to_input(torch.from_numpy(c)))[0].float().numpy()
+            for c in np.array_split(x, -(-len(x) // 4))])
+    finally:
+        worker.release()
+    with torch.inference_mode():
+        model = factory()
+        model.load_state_dict(torch.load(weights, weights_only=True))
+        want = model.eval()(torch.from_numpy(x)).numpy()
+        own = model.to(torch.bfloat16)(torch.from_numpy(x).to(torch.bfloat16)).float().numpy()
+    assert not np.allclose(got, want, rtol=1e-4, atol=1e-4)  # bfloat16 ran, not float32
+    scale = max(1.0, float(np.abs(own).max()))
+    assert float(np.abs(got - own).max()) <= BFLOAT16_TOLERANCE * scale
+    acc16, acc32 = float((got.argmax(1) == y).mean()), float((want.argmax(1) == y).mean())
+    print(f"\ndigits, {len(y)} held-out: float32 {100 * acc32:.2f}%, bfloat16 served "
+          f"{100 * acc16:.2f}%")
+    assert acc32 > 0.9 and acc16 >= acc32 - 0.01, (acc16, acc32)
+
+
+def test_auto_takes_bfloat16_only_where_it_measured_fastest(
+        tmp_path: Path, trained: tuple[Path, Path, np.ndarray, np.ndarray],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU with bfloat16 kernels `auto` times float32 (ONNX Runtime's whole graph and
+    torch's), the guard's int8 units and bfloat16 in the same rounds, once (kept beside the
+    profiles), and takes bfloat16 only where it was the fastest and beat float32 by
+    ``MIN_SPEEDUP``; else it keeps the int8 choice and says what bfloat16 measured. The times
+    are set here in the cache (what another machine could have measured): no timing decides;
+    the CPU's check is set too, so the test runs the same on a CPU without the kernels."""
+    import json
+
+    import planner.precision as precision_module
+    from core.precision import BFLOAT16
+    from planner.graph.capture import capture
+    from planner.models import load_model
+    from planner.precision import with_precision
+    from planner.precision_speed import FOLDER
+
+    monkeypatch.setattr(precision_module, "native", lambda device: True)
+    weights, folder, _, _ = trained
+    cache = tmp_path / "cache"
+    cap = capture(load_model(ModelSpec(NAME, input_shape=SHAPE, weights=weights)))
+    def measured() -> dict[Path, dict]:
+        with_precision(cap, "auto", folder, 0.5, cache)
+        return {p: json.loads(p.read_text()) for p in (cache / FOLDER).iterdir()}
+
+    (int8_speed,) = [p for p, v in measured().items() if "speedup" in v]
+    for path in (cache / FOLDER).iterdir():
+        path.unlink()  # int8 measured faster, kept: bfloat16 is weighed against it too
+    int8_speed.write_text('{"speedup": 2.0}')
+    (times,) = [p for p, v in measured().items() if "seconds" in v]
+    assert {"float32", "float32 torch", "int8", BFLOAT16} == set(
+        json.loads(times.read_text())["seconds"])
+
+    def decided(**seconds: float) -> Precision:
+        times.write_text(json.dumps({"seconds": {n.replace("_", " "): s
+                                                 for n, s in seconds.items()}}))
+        return with_precision(cap, "auto", folder, 0.5, cache).precision
+
+    fast = decided(float32=4.0, float32_torch=5.0, int8=3.0, bfloat16=2.0)
+    assert fast.name == BFLOAT16 and fast.speedup == 2.0 and fast.held_out == CALIBRATION // 4
+    assert "the fastest" in fast.why and fast.fingerprint_key() == {
+        "dtype": BFLOAT16, "calibration": fast.calibration}
+    int8 = decided(float32=4.0, float32_torch=5.0, int8=1.5, bfloat16=2.0)
+    assert int8.name == "int8" and "bfloat16 ran 2.00x float32's speed, int8 faster" in int8.why
+    close = decided(float32=4.0, float32_torch=2.0, int8=3.0, bfloat16=1.95)
+    assert close.name == "int8" and "1.03x" in close.why  # under MIN_SPEEDUP of torch's float32
+    asked = with_precision(cap, "bfloat16", folder, 0.5, cache)  # whatever it measured
+    assert asked.precision.name == BFLOAT16 and asked.model.torch_dtype == torch.bfloat16
+    strict = with_precision(cap, "bfloat16", folder, -1.0, cache)  # no guard holds
+    assert strict.precision.name == "float32" and "moved top-1" in strict.precision.why
+    assert strict.model.torch_dtype == torch.float32

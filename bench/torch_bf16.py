@@ -1,0 +1,59 @@
+"""torch in float32 and in bfloat16, the model's own call against its units run one by one as
+the executor's torch steps run them (``core.runner.run_node``), per sample, interleaved rounds.
+
+    .venv/bin/python bench/torch_bf16.py --model resnet50 [--batch 1,8] [--rounds 5]
+
+What `--precision bfloat16` serves is the second column: where it is far slower than the
+first, the gap is what running the model unit by unit costs torch in bfloat16
+(docs/benchmarks.md, section 13, "bfloat16").
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from core.runner import run_node  # noqa: E402
+from core.spec import ModelSpec  # noqa: E402
+from core.units import MODULE_GATE  # noqa: E402
+from planner.graph.capture import capture  # noqa: E402
+from planner.models import load_model  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--batch", default="1,8")
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    caps = {dtype: capture(load_model(ModelSpec(args.model, dtype=dtype)))
+            for dtype in ("float32", "bfloat16")}
+    print(f"{args.model}, {torch.get_num_threads()} threads, bfloat16 kernels: "
+          f"{torch.ops.mkldnn._is_mkldnn_bf16_supported()}; ms a sample (median of "
+          f"{args.rounds} rounds)")
+    for b in (int(v) for v in args.batch.split(",")):
+        runs = {}
+        for dtype, cap in caps.items():
+            x = cap.model.example(b, seed=7)
+            runs[f"{dtype} model(x)"] = (lambda m=cap.model.module, x=x: m(x))
+            runs[f"{dtype} units"] = (lambda c=cap, x=x: run_node(c, c.tree, x))
+        seen: dict[str, list[float]] = {k: [] for k in runs}
+        with torch.inference_mode(), MODULE_GATE.running():
+            for k in range(2 + args.rounds):
+                for name, run in (runs.items() if k % 2 else reversed(runs.items())):
+                    t0 = time.perf_counter()
+                    run()
+                    if k >= 2:
+                        seen[name].append(time.perf_counter() - t0)
+        print(f"  {b} samples: " + ", ".join(
+            f"{name} {1e3 * statistics.median(v) / b:.2f}" for name, v in seen.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""bfloat16 as a model's precision: torch runs the whole model in bfloat16, guarded on held-out
+calibration samples as int8 is, and, for `auto`, kept only where it measured fastest here.
+
+Why the whole model, and torch: ONNX Runtime has no bfloat16 CPU kernels, and torch's run a
+model captured at that dtype (the path `--dtype bfloat16` takes), so the profile, the DP and
+the executor price and run it as any other model. What this adds is the guard (top-1 agreement
+with float32 on the held-out samples, and the largest difference, as for int8) and the
+measurement: bfloat16 pays only on a CPU with its kernels (AVX512-BF16 or AMX; elsewhere torch
+emulates it, slower than float32), and not on every model even there (torch's calls cost more
+than ONNX Runtime's on a small model), and it loses to int8 units where the guard keeps them
+on a CPU with VNNI (docs/benchmarks.md, section 13). So `auto` times float32 (ONNX Runtime's
+and torch's), the int8 units the guard kept and bfloat16 in the same rounds
+(``planner.precision_speed``) and takes bfloat16 only where it is the fastest of them, by at
+least ``MIN_SPEEDUP`` over float32.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+
+from core.errors import UsageError
+from core.precision import BFLOAT16, FLOAT, FLOAT32, Precision
+from core.runner import run_node
+from core.runtimes.onnx_compose import CannotCompose, UnitGraphs
+from core.units import MODULE_GATE, Capture
+from planner.calibration import Calibration
+from planner.precision_speed import MIN_SPEEDUP, measured_times, session_run
+
+log = logging.getLogger("vbs.plan")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """bfloat16 for one model: its capture (with what the guard measured) and why it is, or is
+    not, the precision to serve."""
+
+    capture: Capture
+    kept: bool
+    why: str
+
+
+def native(device: torch.device) -> bool:
+    """Whether ``device`` has bfloat16 kernels (a CPU with AVX512-BF16 or AMX: oneDNN's check;
+    a CUDA device from Ampere on)."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def in_bfloat16(capture: Capture, samples: Calibration, max_error: float,
+                recapture: Callable[[str], Capture]) -> Candidate:
+    """``capture``'s model captured again at bfloat16 (``recapture(dtype)``), with the guard's
+    measure of it against float32 on the held-out samples; ``kept`` where top-1 moved on at
+    most ``max_error`` of them."""
+    if capture.model.spec.dtype != FLOAT32:
+        raise UsageError(f"--precision {BFLOAT16} casts a float32 model; this one is "
+                         f"{capture.model.spec.dtype} (plan it with --dtype float32)")
+    bf = recapture(BFLOAT16)
+    x = torch.from_numpy(samples.held_out)
+    want = _whole(capture, x)
+    got = _whole(bf, x).float()
+    agree = float((got.reshape(len(x), -1).argmax(1)
+                   == want.reshape(len(x), -1).argmax(1)).float().mean())
+    error = float((got - want).abs().max()) / max(1.0, float(want.abs().max()))
+    kept = 1.0 - agree <= max_error
+    why = (f"bfloat16 kept top-1 within {max_error:g} of float32" if kept else
+           f"bfloat16 moved top-1 on {100 * (1 - agree):.1f}% of the held-out samples, more "
+           f"than {max_error:g}")
+    precision = Precision((), samples.digest, agree, error, len(x), max_error, why,
+                          dtype=BFLOAT16)
+    return Candidate(replace(bf, precision=precision, held_out=samples.held_out), kept, why)
+
+
+def fastest(float32: Capture, int8: Capture, bf: Candidate, graphs: UnitGraphs | None,
+            mixed: UnitGraphs | None, samples: Calibration, cache: Path | None) -> Capture:
+    """`auto`'s choice: bfloat16 where its guard held and it measured the fastest of float32
+    (ONNX Runtime's whole graph ``graphs`` where it composes, and torch's), the int8 units
+    kept (``mixed``) and itself, by at least ``MIN_SPEEDUP`` over float32; else ``int8`` (the
+    int8 choice, which may be float32), its ``why`` saying what bfloat16 measured."""
+    if not bf.kept:
+        return _noted(int8, bf.why)
+    runs: dict[str, Callable[[np.ndarray], object]] = {
+        "float32 torch": _torch_run(float32), BFLOAT16: _torch_run(bf.capture)}
+    for name, g in (("float32", graphs), ("int8", mixed if int8.precision.int8 else None)):
+        if g is not None:
+            composed = _composed(g)
+            if composed is not None:
+                runs[name] = session_run(composed)
+    seconds = measured_times(float32, runs, int8.precision.int8, samples.digest, samples.fit,
+                             cache)
+    best_float = min(v for k, v in seconds.items() if k.startswith("float32"))
+    speedup = round(best_float / seconds[BFLOAT16], 3)
+    rivals = {k: v for k, v in seconds.items() if k != BFLOAT16}
+    rival = min(rivals, key=rivals.__getitem__)
+    measured = ", ".join(f"{k} {1e3 * v:.2f}" for k, v in sorted(seconds.items()))
+    if speedup >= MIN_SPEEDUP and seconds[BFLOAT16] < rivals[rival]:
+        why = (f"auto: bfloat16 ran {speedup:.2f}x float32's speed here, the fastest "
+               f"(ms a sample: {measured}); {bf.why}")
+        log.info("%s: %s", float32.model.spec.name, why)
+        return replace(bf.capture, precision=replace(bf.capture.precision, why=why,
+                                                     speedup=speedup))
+    return _noted(int8, f"bfloat16 ran {speedup:.2f}x float32's speed, {rival} faster "
+                        f"(ms a sample: {measured})")
+
+
+def _noted(chosen: Capture, note: str) -> Capture:
+    precision = chosen.precision if chosen.precision.why else replace(FLOAT, why="auto")
+    return replace(chosen, precision=replace(precision, why=f"{precision.why}; {note}"))
+
+
+def _whole(capture: Capture, x: torch.Tensor) -> torch.Tensor:
+    """The model's output on ``x`` (float32 samples), run unit by unit as the executor's
+    torch steps run them, at the capture's dtype."""
+    with torch.inference_mode(), MODULE_GATE.running():
+        return run_node(capture, capture.tree, x.to(capture.model.torch_dtype))
+
+
+def _torch_run(capture: Capture) -> Callable[[np.ndarray], object]:
+    return lambda x: _whole(capture, torch.from_numpy(x))
+
+
+def _composed(graphs: UnitGraphs) -> onnx.ModelProto | None:
+    try:
+        return graphs.compose(graphs.shapes.tree.children)
+    except CannotCompose:
+        return None
+
+
+__all__ = ["Candidate", "fastest", "in_bfloat16", "native"]
