@@ -89,7 +89,9 @@ def with_precision(capture: Capture, choice: str, calibration: Path | None,
                                           "than float32"))
         return bf.capture
     int8 = _int8(capture, choice, samples, max_error, cache)
-    if choice == AUTO and capture.model.spec.dtype == FLOAT32 and native(capture.model.device):
+    device = capture.model.device
+    if choice == AUTO and capture.model.spec.dtype == FLOAT32 and device.type == "cpu" \
+            and native(device):  # bfloat16 weighed against ONNX Runtime's CPU kernels
         bf = in_bfloat16(capture, samples, max_error, lambda dtype: _recaptured(capture, dtype))
         return fastest(capture, int8.capture, bf, int8.graphs, int8.mixed, samples, cache)
     return int8.capture

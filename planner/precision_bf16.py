@@ -64,7 +64,7 @@ def in_bfloat16(capture: Capture, samples: Calibration, max_error: float,
                          f"{capture.model.spec.dtype} (plan it with --dtype float32)")
     bf = recapture(BFLOAT16)
     x = torch.from_numpy(samples.held_out)
-    want = _whole(capture, x)
+    want = _whole(capture, x).float()
     got = _whole(bf, x).float()
     agree = float((got.reshape(len(x), -1).argmax(1)
                    == want.reshape(len(x), -1).argmax(1)).float().mean())
@@ -119,7 +119,9 @@ def _whole(capture: Capture, x: torch.Tensor) -> torch.Tensor:
     """The model's output on ``x`` (float32 samples), run unit by unit as the executor's
     torch steps run them, at the capture's dtype."""
     with torch.inference_mode(), MODULE_GATE.running():
-        return run_node(capture, capture.tree, x.to(capture.model.torch_dtype))
+        model = capture.model
+        return run_node(capture, capture.tree,
+                        x.to(device=model.device, dtype=model.torch_dtype)).cpu()
 
 
 def _torch_run(capture: Capture) -> Callable[[np.ndarray], object]:
