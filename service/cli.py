@@ -6,7 +6,7 @@ import argparse
 import logging
 from typing import Any
 
-from planner.cli import add_runtime_arg, positive_int
+from planner.cli import add_precision_args, add_runtime_arg, positive_int
 from core.errors import UsageError
 
 log = logging.getLogger("vbs.service")
@@ -58,6 +58,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--solver", choices=["vbs", "paper", "fbs", "fbs-best", "greedy"])
     add_runtime_arg(p)
+    add_precision_args(p)  # the tables of that precision (a torch worker captures it so)
     p.add_argument("--first-start", choices=["interim", "wait"],
                    help="a model the store has no table for: served at once from an interim "
                         "table while `vbs plan` plans it beside (interim), or planned first "
@@ -110,7 +111,8 @@ _FLAGS = {"store": "store", "weights": "weights", "host": "host", "port": "port"
           "dtype": "dtype", "solver": "solver", "max_batch_delay_ms": "max_batch_delay_ms",
           "latency_target": "latency_target_s", "max_queue": "max_queue",
           "request_timeout": "request_timeout_s", "runtime": "runtime",
-          "first_start": "first_start"}
+          "first_start": "first_start", "precision": "precision", "calibration": "calibration",
+          "max_error": "max_error"}
 
 
 def serve_settings(args: argparse.Namespace) -> Any:

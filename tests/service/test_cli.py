@@ -30,7 +30,8 @@ def test_serve_flags_override_settings() -> None:
         "--store", "redis://127.0.0.1:6399/0", "--host", "0.0.0.0", "--port", "9000",
         "--memory-limit", "64MB", "--memory-margin", "1MiB", "--batch-max", "8",
         "--max-batch-delay-ms", "3", "--latency-target", "0.05", "--max-queue", "9",
-        "--request-timeout", "7"))
+        "--request-timeout", "7", "--precision", "bfloat16", "--calibration", "samples",
+        "--max-error", "0.02"))
     assert settings.served_models == [("resnet50", "resnet50", (3, 64, 64)),
                                       ("tiny", "pkg.mod:f", (3, 8, 8))]
     assert settings.store == "redis://127.0.0.1:6399/0"
@@ -39,6 +40,8 @@ def test_serve_flags_override_settings() -> None:
     assert settings.batch_max == 8 and settings.max_batch_delay_ms == 3
     assert settings.latency_target_s == 0.05 and settings.max_queue == 9
     assert settings.request_timeout_s == 7
+    assert (settings.precision, settings.max_error) == ("bfloat16", 0.02)
+    assert settings.calibration == Path("samples")
 
 
 def test_serve_refuses_bad_flags() -> None:
