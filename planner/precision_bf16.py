@@ -106,7 +106,9 @@ def fastest(float32: Capture, int8: Capture, bf: Candidate, graphs: UnitGraphs |
         log.info("%s: %s", float32.model.spec.name, why)
         return replace(bf.capture, precision=replace(bf.capture.precision, why=why,
                                                      speedup=speedup))
-    return _noted(int8, f"bfloat16 ran {speedup:.2f}x float32's speed, {rival} faster "
+    short = (f"{rival} faster" if rivals[rival] <= seconds[BFLOAT16]
+             else f"below the {MIN_SPEEDUP:g}x wanted")
+    return _noted(int8, f"bfloat16 ran {speedup:.2f}x float32's speed, {short} "
                         f"(ms a sample: {measured})")
 
 
