@@ -78,7 +78,7 @@ def with_precision(capture: Capture, choice: str, calibration: Path | None,
             FLOAT, why="auto: no calibration samples (--calibration DIR), so float32"))
     samples = read_calibration(calibration, capture.model.spec.name, capture.input_shape)
     if choice == BFLOAT16:
-        bf = in_bfloat16(capture, samples, max_error, lambda dtype: _recaptured(capture, dtype))
+        bf = in_bfloat16(capture, samples, max_error)
         if not bf.kept:
             return replace(capture, precision=replace(bf.capture.precision, dtype=FLOAT32,
                                                       why=f"{bf.why}: float32"))
@@ -92,8 +92,8 @@ def with_precision(capture: Capture, choice: str, calibration: Path | None,
     device = capture.model.device
     if choice == AUTO and capture.model.spec.dtype == FLOAT32 and device.type == "cpu" \
             and native(device):  # bfloat16 weighed against ONNX Runtime's CPU kernels
-        bf = in_bfloat16(capture, samples, max_error, lambda dtype: _recaptured(capture, dtype))
-        return fastest(capture, int8.capture, bf, int8.graphs, int8.mixed, samples, cache)
+        return fastest(capture, int8.capture, int8.graphs, int8.mixed, samples, max_error,
+                       cache)
     return int8.capture
 
 
@@ -141,14 +141,6 @@ def _int8(capture: Capture, choice: str, samples: Calibration, max_error: float,
              precision.error, time.perf_counter() - t0)
     return _Int8(replace(capture, graphs=mixed, precision=precision, held_out=samples.held_out),
                  graphs, mixed)
-
-
-def _recaptured(capture: Capture, dtype: str) -> Capture:
-    """The model of ``capture`` loaded and captured again at ``dtype``."""
-    from planner.graph.capture import capture as capture_of
-    from planner.models import load_model
-
-    return capture_of(load_model(replace(capture.model.spec, dtype=dtype)))
 
 
 def _quantize_units(capture: Capture, graphs: UnitGraphs, samples: Calibration

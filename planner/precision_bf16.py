@@ -26,7 +26,7 @@ import onnx
 import torch
 
 from core.errors import UsageError
-from core.precision import BFLOAT16, FLOAT, FLOAT32, Precision
+from core.precision import BFLOAT16, FLOAT32, Precision
 from core.runner import run_node
 from core.runtimes.onnx_compose import CannotCompose, UnitGraphs
 from core.units import MODULE_GATE, Capture
@@ -55,14 +55,14 @@ def native(device: torch.device) -> bool:
 
 
 def in_bfloat16(capture: Capture, samples: Calibration, max_error: float,
-                recapture: Callable[[str], Capture]) -> Candidate:
-    """``capture``'s model captured again at bfloat16 (``recapture(dtype)``), with the guard's
-    measure of it against float32 on the held-out samples; ``kept`` where top-1 moved on at
-    most ``max_error`` of them."""
+                bf: Capture | None = None) -> Candidate:
+    """``capture``'s model captured again at bfloat16 (``bf`` where it was already), with the
+    guard's measure of it against float32 on the held-out samples; ``kept`` where top-1 moved
+    on at most ``max_error`` of them."""
     if capture.model.spec.dtype != FLOAT32:
         raise UsageError(f"--precision {BFLOAT16} casts a float32 model; this one is "
                          f"{capture.model.spec.dtype} (plan it with --dtype float32)")
-    bf = recapture(BFLOAT16)
+    bf = bf or _recaptured(capture, BFLOAT16)
     x = torch.from_numpy(samples.held_out)
     want = _whole(capture, x).float()
     got = _whole(bf, x).float()
@@ -78,43 +78,67 @@ def in_bfloat16(capture: Capture, samples: Calibration, max_error: float,
     return Candidate(replace(bf, precision=precision, held_out=samples.held_out), kept, why)
 
 
-def fastest(float32: Capture, int8: Capture, bf: Candidate, graphs: UnitGraphs | None,
-            mixed: UnitGraphs | None, samples: Calibration, cache: Path | None) -> Capture:
-    """`auto`'s choice: bfloat16 where its guard held and it measured the fastest of float32
-    (ONNX Runtime's whole graph ``graphs`` where it composes, and torch's), the int8 units
-    kept (``mixed``) and itself, by at least ``MIN_SPEEDUP`` over float32; else ``int8`` (the
-    int8 choice, which may be float32), its ``why`` saying what bfloat16 measured."""
-    if not bf.kept:
-        return _noted(int8, bf.why)
-    runs: dict[str, Callable[[np.ndarray], object]] = {
-        "float32 torch": _torch_run(float32), BFLOAT16: _torch_run(bf.capture)}
-    for name, g in (("float32", graphs), ("int8", mixed if int8.precision.int8 else None)):
-        if g is not None:
-            composed = _composed(g)
+def fastest(float32: Capture, int8: Capture, graphs: UnitGraphs | None,
+            mixed: UnitGraphs | None, samples: Calibration, max_error: float,
+            cache: Path | None) -> Capture:
+    """`auto`'s choice: bfloat16 where it measured the fastest of float32 (ONNX Runtime's whole
+    graph ``graphs`` where it composes, and torch's), the int8 units kept (``mixed``) and
+    itself, by at least ``MIN_SPEEDUP`` over float32, and its guard held; else ``int8`` (the
+    int8 choice, which may be float32), its ``why`` saying what bfloat16 measured. The model is
+    captured at bfloat16 only to be timed (once per machine: the times are cached) and where it
+    won; a worker that reads the times from the cache and finds int8 faster does neither."""
+    captured: list[Capture] = []
+
+    def bf() -> Capture:
+        if not captured:
+            captured.append(_recaptured(float32, BFLOAT16))
+        return captured[0]
+
+    composes = {"float32": graphs, "int8": mixed if int8.precision.int8 else None}
+
+    def runs() -> dict[str, Callable[[np.ndarray], object]]:
+        out = {"float32 torch": _torch_run(float32), BFLOAT16: _torch_run(bf())}
+        for name, g in composes.items():
+            composed = None if g is None else _composed(g)
             if composed is not None:
-                runs[name] = session_run(composed)
-    seconds = measured_times(float32, runs, int8.precision.int8, samples.digest, samples.fit,
-                             cache)
+                out[name] = session_run(composed)
+        return out
+
+    names = ("float32 torch", BFLOAT16, *(n for n, g in composes.items() if g is not None))
+    seconds = measured_times(float32, names, runs, int8.precision.int8, samples.digest,
+                             samples.fit, cache)
     best_float = min(v for k, v in seconds.items() if k.startswith("float32"))
     speedup = round(best_float / seconds[BFLOAT16], 3)
     rivals = {k: v for k, v in seconds.items() if k != BFLOAT16}
     rival = min(rivals, key=rivals.__getitem__)
     measured = ", ".join(f"{k} {1e3 * v:.2f}" for k, v in sorted(seconds.items()))
-    if speedup >= MIN_SPEEDUP and seconds[BFLOAT16] < rivals[rival]:
-        why = (f"auto: bfloat16 ran {speedup:.2f}x float32's speed here, the fastest "
-               f"(ms a sample: {measured}); {bf.why}")
-        log.info("%s: %s", float32.model.spec.name, why)
-        return replace(bf.capture, precision=replace(bf.capture.precision, why=why,
-                                                     speedup=speedup))
-    short = (f"{rival} faster" if rivals[rival] <= seconds[BFLOAT16]
-             else f"below the {MIN_SPEEDUP:g}x wanted")
-    return _noted(int8, f"bfloat16 ran {speedup:.2f}x float32's speed, {short} "
-                        f"(ms a sample: {measured})")
+    if rivals[rival] <= seconds[BFLOAT16]:
+        return _noted(int8, f"bfloat16 ran {speedup:.2f}x float32's speed, {rival} faster "
+                            f"(ms a sample: {measured})")
+    if speedup < MIN_SPEEDUP:
+        return _noted(int8, f"bfloat16 ran {speedup:.2f}x float32's speed, below the "
+                            f"{MIN_SPEEDUP:g}x wanted (ms a sample: {measured})")
+    guarded = in_bfloat16(float32, samples, max_error, bf())
+    if not guarded.kept:
+        return _noted(int8, guarded.why)
+    why = (f"auto: bfloat16 ran {speedup:.2f}x float32's speed here, the fastest "
+           f"(ms a sample: {measured}); {guarded.why}")
+    log.info("%s: %s", float32.model.spec.name, why)
+    return replace(guarded.capture, precision=replace(guarded.capture.precision, why=why,
+                                                      speedup=speedup))
 
 
 def _noted(chosen: Capture, note: str) -> Capture:
-    precision = chosen.precision if chosen.precision.why else replace(FLOAT, why="auto")
-    return replace(chosen, precision=replace(precision, why=f"{precision.why}; {note}"))
+    return replace(chosen, precision=replace(chosen.precision,
+                                             why=f"{chosen.precision.why}; {note}"))
+
+
+def _recaptured(capture: Capture, dtype: str) -> Capture:
+    """The model of ``capture`` loaded and captured again at ``dtype``."""
+    from planner.graph.capture import capture as capture_of
+    from planner.models import load_model
+
+    return capture_of(load_model(replace(capture.model.spec, dtype=dtype)))
 
 
 def _whole(capture: Capture, x: torch.Tensor) -> torch.Tensor:

@@ -67,19 +67,21 @@ def measured_speedup(capture: Capture, float32: UnitGraphs, mixed: UnitGraphs,
     return value
 
 
-def measured_times(capture: Capture, runs: dict[str, Callable[[np.ndarray], object]],
+def measured_times(capture: Capture, names: tuple[str, ...],
+                   runs: Callable[[], dict[str, Callable[[np.ndarray], object]]],
                    int8: tuple[str, ...], digest: str, sample: np.ndarray,
                    cache: Path | None) -> dict[str, float]:
-    """Seconds per sample of each of ``runs`` (a name to a call of the whole model on an
-    array of samples: float32 on ONNX Runtime and on torch, the int8 units, torch in
-    bfloat16), timed in the same interleaved rounds at one sample and at ``BATCH``, from
-    ``cache`` where this machine measured them before, else measured now and kept there."""
+    """Seconds per sample of the candidates ``names`` (float32 on ONNX Runtime and on torch,
+    the int8 units, torch in bfloat16), from ``cache`` where this machine measured them
+    before, else ``runs()`` (a name to a call of the whole model on an array of samples; a
+    graph that does not compose is left out) timed in the same interleaved rounds at one
+    sample and at ``BATCH``, and kept there."""
     path = None if cache is None else \
-        cache / FOLDER / f"{_key(capture, int8, digest, runs=sorted(runs))}.json"
+        cache / FOLDER / f"{_key(capture, int8, digest, runs=sorted(names))}.json"
     found = _read(path)
-    if found is not None and set(found.get("seconds", {})) == set(runs):
+    if found is not None and isinstance(found.get("seconds"), dict):
         return {name: float(v) for name, v in found["seconds"].items()}
-    seconds = _per_sample(runs, sample)
+    seconds = _per_sample(runs(), sample)
     _write(path, {"seconds": seconds})
     return seconds
 
