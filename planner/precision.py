@@ -6,7 +6,9 @@ per-channel int8 weights, uint8 activations), so it is measured as it will run, 
 prices it like any other unit; its weights take a quarter of the bytes, which the memory model
 counts from the graphs. Each unit's graph is quantized alone, calibrated on the activations the
 float32 model gives at its input on the user's samples (so a unit's scales are what serving
-meets, whatever runs before it). The guard then runs the model with every int8 unit on
+meets, whatever runs before it); a weightless ReLU or average pool gets a quantize and a
+dequantize at its ends, so that a join before it runs in int8 as in a model quantized whole
+(``AROUND``). The guard then runs the model with every int8 unit on
 held-out samples against float32: top-1 agreement and the largest difference, relative to the
 output's scale. While the disagreement is above ``max_error``, the units whose own output moved
 most go back to float32 (one, then twice as many, ...), and the guard runs again. What it
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 import onnxruntime as ort
 import torch
 from onnx import TensorProto
@@ -45,7 +48,13 @@ from planner.precision_speed import MIN_SPEEDUP, keeps_int8, measured_speedup
 log = logging.getLogger("vbs.plan")
 
 CHUNK = 8  # calibration samples per batch the calibrator reads
-MIN_WEIGHT = 64  # elements: a unit with no int8 weight this large gains nothing from QDQ
+MIN_WEIGHT = 64  # elements: a unit with no int8 weight this large gains nothing from QDQ...
+# ... except a weightless unit of these ops, between int8 ones: ONNX Runtime's quantizer leaves
+# it float32, so the tensors around it go back to float32 and, before it, a block's join too
+# (resnet50's ReLU after each residual add: the add and the ReLU ran float32 with a dequantize
+# and a quantize each side, 10% of the int8 model's time). Quantized at its input and output,
+# ONNX Runtime fuses the join into QLinearAdd and drops the ReLU (docs/benchmarks.md, section 13)
+AROUND = frozenset({"Relu", "AveragePool", "GlobalAveragePool"})
 
 
 @dataclass(frozen=True)
@@ -145,8 +154,8 @@ def _int8(capture: Capture, choice: str, samples: Calibration, max_error: float,
 
 def _quantize_units(capture: Capture, graphs: UnitGraphs, samples: Calibration
                     ) -> dict[str, _Unit]:
-    """Every unit that quantizes with an int8 weight, calibrated on its input in the float32
-    model over the fit samples."""
+    """Every unit that quantizes with an int8 weight (and every weightless unit of ``AROUND``'s
+    ops), calibrated on its input in the float32 model over the fit samples."""
     out: dict[str, _Unit] = {}
     with tempfile.TemporaryDirectory(prefix="vbs-int8-") as work:
         def runner(unit: Layer, x: torch.Tensor, own: bool) -> torch.Tensor:
@@ -166,8 +175,9 @@ def _quantize_units(capture: Capture, graphs: UnitGraphs, samples: Calibration
 
 
 def _quantize(graph: onnx.ModelProto, inputs: np.ndarray, work: Path) -> onnx.ModelProto | None:
-    """``graph`` with static QDQ int8 (per-channel weights), calibrated on ``inputs``; None where
-    it holds no int8 weight of ``MIN_WEIGHT`` bytes, or the quantizer fails on it."""
+    """``graph`` with static QDQ int8 (per-channel weights), calibrated on ``inputs``; a
+    weightless unit of ``AROUND``'s ops with QDQ around it (``_around``); None where it holds
+    no int8 weight of ``MIN_WEIGHT`` elements otherwise, or the quantizer fails on it."""
     from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
                                           quantize_static)
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -181,6 +191,8 @@ def _quantize(graph: onnx.ModelProto, inputs: np.ndarray, work: Path) -> onnx.Mo
             chunk = next(self._chunks, None)
             return None if chunk is None else {"x": np.ascontiguousarray(chunk)}
 
+    if not any(math.prod(t.dims) >= MIN_WEIGHT for t in graph.graph.initializer):
+        return _around(graph, inputs)
     source, pre, out = work / "unit.onnx", work / "pre.onnx", work / "int8.onnx"
     onnx.save(graph, source)
     try:
@@ -204,6 +216,54 @@ def _quantize(graph: onnx.ModelProto, inputs: np.ndarray, work: Path) -> onnx.Mo
     del quantized.opset_import[:]  # the optimiser's declared domains, none of them used
     quantized.opset_import.append(onnx.helper.make_opsetid("", OPSET))
     return quantized
+
+
+def _around(graph: onnx.ModelProto, inputs: np.ndarray) -> onnx.ModelProto | None:
+    """A weightless unit of ``AROUND``'s ops with a quantize and dequantize at its input and its
+    output (uint8, the scales of what ``inputs`` and its outputs on them span, as the
+    quantizer's MinMax calibration computes them), so that ONNX Runtime runs it, and a join
+    before it, in int8 between int8 units; None for any other op."""
+    if not graph.graph.node or any(n.op_type not in AROUND or n.domain not in ("", "ai.onnx")
+                                   for n in graph.graph.node):
+        return None
+    outputs = _session(graph).run(None, {"x": inputs})[0]
+    quantized = onnx.ModelProto()
+    quantized.CopyFrom(graph)
+    g = quantized.graph
+    if all(n.op_type == "Relu" for n in g.node):
+        # uint8 at the ReLU's output scale (zero point 0) holds no negative: its input quantized
+        # there is the ReLU, as ONNX Runtime's quantizer folds a ReLU into the op before it; a
+        # join before it then quantizes straight to what the next unit reads (one pair of
+        # quantize and dequantize between two units, which ONNX Runtime drops)
+        nodes, consts = _qdq("x", "y_q", "y", outputs)
+    else:
+        head, head_consts = _qdq("x", "x_q", "x_dq", inputs)
+        for node in g.node:
+            node.input[:] = ["x_dq" if name == "x" else name for name in node.input]
+            node.output[:] = ["y_f" if name == "y" else name for name in node.output]
+        tail, tail_consts = _qdq("y_f", "y_q", "y", outputs)
+        nodes, consts = [*head, *g.node, *tail], [*head_consts, *tail_consts]
+    del g.node[:]
+    g.node.extend(nodes)
+    g.initializer.extend(consts)
+    return quantized
+
+
+def _qdq(source: str, q: str, dq: str, values: np.ndarray
+         ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """QuantizeLinear ``source`` -> ``q`` and DequantizeLinear ``q`` -> ``dq`` at uint8, scale
+    and zero point from the range of ``values`` as ONNX Runtime's quantizer computes them (so a
+    pair of them between two units is the same, and it drops it), and their initializers."""
+    from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax_for_qType
+
+    low, high = get_qmin_qmax_for_qType(TensorProto.UINT8)
+    zero, scale = compute_scale_zp(np.array(values.min(), np.float32),
+                                   np.array(values.max(), np.float32), low, high)
+    names = (f"{source}_scale", f"{source}_zero_point")
+    return ([onnx.helper.make_node("QuantizeLinear", [source, *names], [q], name=f"{q}_node"),
+             onnx.helper.make_node("DequantizeLinear", [q, *names], [dq], name=f"{dq}_node")],
+            [onnx.numpy_helper.from_array(np.array(scale, dtype=np.float32), names[0]),
+             onnx.numpy_helper.from_array(np.array(zero, dtype=np.uint8), names[1])])
 
 
 def _session(graph: onnx.ModelProto) -> ort.InferenceSession:
