@@ -38,7 +38,8 @@ from core.runtimes.onnx_graphs import export_units  # noqa: E402
 from core.runtimes.ort_sessions import session_options  # noqa: E402
 from core.spec import ModelSpec  # noqa: E402
 from core.tree import Layer, Parallel, iter_nodes  # noqa: E402
-from planner.calibration import read_calibration  # noqa: E402
+from core.units import Capture  # noqa: E402
+from planner.calibration import Calibration, read_calibration  # noqa: E402
 from planner.graph.capture import capture  # noqa: E402
 from planner.models import load_model  # noqa: E402
 from planner.precision import _quantize, _quantize_units  # noqa: E402
@@ -72,18 +73,30 @@ def _priced(graph, tree, feeds: dict[int, np.ndarray], passes: int) -> dict[str,
     return {name: sum(statistics.median(per[b]) / b for b in per) for name, per in times.items()}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def quantized(model: str, calibration: Path) -> tuple[Capture, Calibration, UnitGraphs, dict]:
+    """``model`` captured, its samples in ``calibration``, its units' graphs, and its units
+    quantized as `vbs plan --precision int8` quantizes them (``planner.precision``)."""
+    torch.set_num_threads(THREADS)
+    cap = capture(load_model(ModelSpec(model)))
+    samples = read_calibration(calibration, model, cap.input_shape)
+    graphs = export_units(cap)
+    return cap, samples, graphs, _quantize_units(cap, graphs, samples)
+
+
+def arguments(doc: str, **counts: int) -> argparse.Namespace:
+    """``--model`` and ``--calibration``, and an integer option for each of ``counts`` (its
+    default)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--model", default="mobilenet_v2")
     ap.add_argument("--calibration", required=True, type=Path)
-    ap.add_argument("--passes", type=int, default=7)
-    ap.add_argument("--rounds", type=int, default=15)
-    args = ap.parse_args()
-    torch.set_num_threads(THREADS)
-    cap = capture(load_model(ModelSpec(args.model)))
-    samples = read_calibration(args.calibration, args.model, cap.input_shape)
-    graphs = export_units(cap)
-    units = _quantize_units(cap, graphs, samples)
+    for name, default in counts.items():
+        ap.add_argument(f"--{name}", type=int, default=default)
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = arguments(__doc__, passes=7, rounds=15)
+    _, samples, graphs, units = quantized(args.model, args.calibration)
     feeds = {b: np.ascontiguousarray(np.resize(samples.fit, (b, *samples.fit.shape[1:])),
                                      dtype=np.float32) for b in BATCHES}
     nodes = graphs.shapes.tree.children

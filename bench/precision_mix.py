@@ -14,7 +14,6 @@ alone ran faster in int8. Prints how many units ran faster alone and the three m
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -26,18 +25,11 @@ import onnxruntime as ort
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.precision_context import THREADS, arguments, quantized  # noqa: E402
 from core.runner import run_node, run_unit  # noqa: E402
 from core.runtimes.onnx_compose import UnitGraphs  # noqa: E402
-from core.runtimes.onnx_graphs import export_units  # noqa: E402
 from core.runtimes.ort_sessions import session_options  # noqa: E402
-from core.spec import ModelSpec  # noqa: E402
 from core.units import MODULE_GATE  # noqa: E402
-from planner.calibration import read_calibration  # noqa: E402
-from planner.graph.capture import capture  # noqa: E402
-from planner.models import load_model  # noqa: E402
-from planner.precision import _quantize_units  # noqa: E402
-
-THREADS = 2
 
 
 def _median_s(call: Callable[[], object], calls: int = 15, skip: int = 3) -> float:
@@ -50,17 +42,8 @@ def _median_s(call: Callable[[], object], calls: int = 15, skip: int = 3) -> flo
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="mobilenet_v2")
-    ap.add_argument("--calibration", required=True, type=Path)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=20)
-    args = ap.parse_args()
-    torch.set_num_threads(THREADS)
-    cap = capture(load_model(ModelSpec(args.model)))
-    samples = read_calibration(args.calibration, args.model, cap.input_shape)
-    graphs = export_units(cap)
-    units = _quantize_units(cap, graphs, samples)
+    args = arguments(__doc__, batch=8, rounds=20)
+    cap, samples, graphs, units = quantized(args.model, args.calibration)
     x = np.resize(samples.fit, (args.batch, *samples.fit.shape[1:])).astype(np.float32)
     inputs: dict[str, np.ndarray] = {}
 
