@@ -6,8 +6,8 @@ per-channel int8 weights, uint8 activations), so it is measured as it will run, 
 prices it like any other unit; its weights take a quarter of the bytes, which the memory model
 counts from the graphs. Each unit's graph is quantized alone, calibrated on the activations the
 float32 model gives at its input on the user's samples (so a unit's scales are what serving
-meets, whatever runs before it); a weightless ReLU or average pool gets a quantize and a
-dequantize at its ends, so that a join before it runs in int8 as in a model quantized whole
+meets, whatever runs before it); a weightless ReLU becomes a quantize and a dequantize at
+its output's scale, so that a join before it runs in int8 as in a model quantized whole
 (``AROUND``). The guard then runs the model with every int8 unit on
 held-out samples against float32: top-1 agreement and the largest difference, relative to the
 output's scale. While the disagreement is above ``max_error``, the units whose own output moved
@@ -49,12 +49,13 @@ log = logging.getLogger("vbs.plan")
 
 CHUNK = 8  # calibration samples per batch the calibrator reads
 MIN_WEIGHT = 64  # elements: a unit with no int8 weight this large gains nothing from QDQ...
-# ... except a weightless unit of these ops, between int8 ones: ONNX Runtime's quantizer leaves
-# it float32, so the tensors around it go back to float32 and, before it, a block's join too
-# (resnet50's ReLU after each residual add: the add and the ReLU ran float32 with a dequantize
-# and a quantize each side, 10% of the int8 model's time). Quantized at its input and output,
-# ONNX Runtime fuses the join into QLinearAdd and drops the ReLU (docs/benchmarks.md, section 13)
-AROUND = frozenset({"Relu", "AveragePool", "GlobalAveragePool"})
+# ... except a weightless ReLU between int8 units: ONNX Runtime's quantizer leaves it float32,
+# so the tensors around it went back to float32 and, before it, a block's join too (resnet50's
+# ReLU after each residual add: the add and the ReLU ran float32 with a dequantize and a
+# quantize each side, 10% of the int8 model's time). Quantized (``_around``), ONNX Runtime
+# fuses the join into QLinearAdd (docs/benchmarks.md, section 13). A max pool so quantized
+# was not fused (it stays float32); other weightless ops were not measured
+AROUND = frozenset({"Relu"})
 
 
 @dataclass(frozen=True)
@@ -154,8 +155,8 @@ def _int8(capture: Capture, choice: str, samples: Calibration, max_error: float,
 
 def _quantize_units(capture: Capture, graphs: UnitGraphs, samples: Calibration
                     ) -> dict[str, _Unit]:
-    """Every unit that quantizes with an int8 weight (and every weightless unit of ``AROUND``'s
-    ops), calibrated on its input in the float32 model over the fit samples."""
+    """Every unit that quantizes with an int8 weight (and every weightless ReLU), calibrated on
+    its input in the float32 model over the fit samples."""
     out: dict[str, _Unit] = {}
     with tempfile.TemporaryDirectory(prefix="vbs-int8-") as work:
         def runner(unit: Layer, x: torch.Tensor, own: bool) -> torch.Tensor:
@@ -176,8 +177,8 @@ def _quantize_units(capture: Capture, graphs: UnitGraphs, samples: Calibration
 
 def _quantize(graph: onnx.ModelProto, inputs: np.ndarray, work: Path) -> onnx.ModelProto | None:
     """``graph`` with static QDQ int8 (per-channel weights), calibrated on ``inputs``; a
-    weightless unit of ``AROUND``'s ops with QDQ around it (``_around``); None where it holds
-    no int8 weight of ``MIN_WEIGHT`` elements otherwise, or the quantizer fails on it."""
+    weightless ReLU as its quantize/dequantize pair (``_around``); None where it holds no int8
+    weight of ``MIN_WEIGHT`` elements otherwise, or the quantizer fails on it."""
     from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
                                           quantize_static)
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -219,33 +220,23 @@ def _quantize(graph: onnx.ModelProto, inputs: np.ndarray, work: Path) -> onnx.Mo
 
 
 def _around(graph: onnx.ModelProto, inputs: np.ndarray) -> onnx.ModelProto | None:
-    """A weightless unit of ``AROUND``'s ops with a quantize and dequantize at its input and its
-    output (uint8, the scales of what ``inputs`` and its outputs on them span, as the
-    quantizer's MinMax calibration computes them), so that ONNX Runtime runs it, and a join
-    before it, in int8 between int8 units; None for any other op."""
+    """A weightless ReLU unit as a quantize and a dequantize at its output's scale (uint8, zero
+    point 0, from what its outputs on ``inputs`` span, as the quantizer's MinMax calibration
+    computes it): uint8 at that scale holds no negative, so quantizing its input there is the
+    ReLU, as ONNX Runtime's quantizer folds a ReLU into the op before it. A join before it then
+    quantizes straight to what the next unit reads (one pair of quantize and dequantize between
+    two units, which ONNX Runtime drops, and the join fused: QLinearAdd). None for any other
+    op (``AROUND``)."""
     if not graph.graph.node or any(n.op_type not in AROUND or n.domain not in ("", "ai.onnx")
                                    for n in graph.graph.node):
         return None
     outputs = _session(graph).run(None, {"x": inputs})[0]
     quantized = onnx.ModelProto()
     quantized.CopyFrom(graph)
-    g = quantized.graph
-    if all(n.op_type == "Relu" for n in g.node):
-        # uint8 at the ReLU's output scale (zero point 0) holds no negative: its input quantized
-        # there is the ReLU, as ONNX Runtime's quantizer folds a ReLU into the op before it; a
-        # join before it then quantizes straight to what the next unit reads (one pair of
-        # quantize and dequantize between two units, which ONNX Runtime drops)
-        nodes, consts = _qdq("x", "y_q", "y", outputs)
-    else:
-        head, head_consts = _qdq("x", "x_q", "x_dq", inputs)
-        for node in g.node:
-            node.input[:] = ["x_dq" if name == "x" else name for name in node.input]
-            node.output[:] = ["y_f" if name == "y" else name for name in node.output]
-        tail, tail_consts = _qdq("y_f", "y_q", "y", outputs)
-        nodes, consts = [*head, *g.node, *tail], [*head_consts, *tail_consts]
-    del g.node[:]
-    g.node.extend(nodes)
-    g.initializer.extend(consts)
+    nodes, consts = _qdq("x", "y_q", "y", outputs)
+    del quantized.graph.node[:]
+    quantized.graph.node.extend(nodes)
+    quantized.graph.initializer.extend(consts)
     return quantized
 
 
