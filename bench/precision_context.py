@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -71,6 +72,23 @@ def _priced(graph, tree, feeds: dict[int, np.ndarray], passes: int) -> dict[str,
             session.run(None, {"x": x})
     times = kernel_times([p])
     return {name: sum(statistics.median(per[b]) / b for b in per) for name, per in times.items()}
+
+
+def _by_op(graph, x: np.ndarray, calls: int = 6) -> collections.Counter:  # type: ignore[no-untyped-def]
+    """Milliseconds per call of each ONNX Runtime op's kernels (its profiler's events)."""
+    session, directory = _session(graph, profiled=True)
+    try:
+        for _ in range(calls + 1):
+            session.run(None, {"x": x})
+        with open(session.end_profiling()) as f:
+            events = json.load(f)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    ms: collections.Counter = collections.Counter()
+    for event in events:
+        if event.get("cat") == "Node" and str(event.get("name", "")).endswith("_kernel_time"):
+            ms[event.get("args", {}).get("op_name", "?")] += float(event["dur"]) / 1e3 / (calls + 1)
+    return ms
 
 
 def quantized(model: str, calibration: Path) -> tuple[Capture, Calibration, UnitGraphs, dict]:
@@ -141,21 +159,6 @@ def main() -> None:
             ms = _by_op(graphs_of[way], feeds[BATCHES[-1]])
             print(f"  {way}, kernels at {BATCHES[-1]} samples: {sum(ms.values()):.1f} ms; "
                   + ", ".join(f"{op} {t:.1f}" for op, t in ms.most_common(7)))
-
-
-
-def _by_op(graph, x: np.ndarray, calls: int = 6) -> collections.Counter:  # type: ignore[no-untyped-def]
-    """Milliseconds per call of each ONNX Runtime op's kernels, and how many nodes ran it."""
-    session, directory = _session(graph, profiled=True)
-    for _ in range(calls + 1):
-        session.run(None, {"x": x})
-    with open(session.end_profiling()) as f:
-        events = json.load(f)
-    ms: collections.Counter = collections.Counter()
-    for event in events:
-        if event.get("cat") == "Node" and str(event.get("name", "")).endswith("_kernel_time"):
-            ms[event.get("args", {}).get("op_name", "?")] += float(event["dur"]) / 1e3 / (calls + 1)
-    return ms
 
 
 if __name__ == "__main__":
