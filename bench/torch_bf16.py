@@ -3,9 +3,11 @@ the executor's torch steps run them (``core.runner.run_node``), per sample, inte
 
     .venv/bin/python bench/torch_bf16.py --model resnet50 [--batch 1,8] [--rounds 5]
 
-What `--precision bfloat16` serves is the second column: where it is far slower than the
-first, the gap is what running the model unit by unit costs torch in bfloat16
-(docs/benchmarks.md, section 13, "bfloat16").
+What `--precision bfloat16` serves is "bfloat16 units": where it is far slower than
+"bfloat16 model(x)", the gap is what running the model unit by unit costs torch in bfloat16
+(docs/benchmarks.md, section 13, "bfloat16"). bfloat16 runs channels_last on the CPU
+(``planner.models.channels_last``); "bfloat16 NCHW" is the same model captured in the layout it
+ran in before, timed in the same rounds.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ import argparse
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from core.loaded import LoadedModel  # noqa: E402
 from core.runner import run_node  # noqa: E402
 from core.spec import ModelSpec  # noqa: E402
 from core.units import MODULE_GATE  # noqa: E402
@@ -34,6 +38,9 @@ def main() -> None:
     args = ap.parse_args()
     caps = {dtype: capture(load_model(ModelSpec(args.model, dtype=dtype)))
             for dtype in ("float32", "bfloat16")}
+    if caps["bfloat16"].model.channels_last:
+        caps["bfloat16 NCHW"] = capture(_contiguous(load_model(ModelSpec(args.model,
+                                                                         dtype="bfloat16"))))
     print(f"{args.model}, {torch.get_num_threads()} threads, bfloat16 kernels: "
           f"{torch.ops.mkldnn._is_mkldnn_bf16_supported()}; ms a sample (median of "
           f"{args.rounds} rounds)")
@@ -53,6 +60,12 @@ def main() -> None:
                         seen[name].append(time.perf_counter() - t0)
         print(f"  {b} samples: " + ", ".join(
             f"{name} {1e3 * statistics.median(v) / b:.2f}" for name, v in seen.items()))
+
+
+def _contiguous(model: LoadedModel) -> LoadedModel:
+    """``model`` put back in the default layout (NCHW), as bfloat16 ran before."""
+    model.module.to(memory_format=torch.contiguous_format)
+    return replace(model, channels_last=False)
 
 
 if __name__ == "__main__":

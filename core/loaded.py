@@ -27,6 +27,9 @@ class LoadedModel:
     module: nn.Module
     input_shape: tuple[int, ...]
     torch_dtype: torch.dtype
+    # its 4-d weights, and so its activations, in channels_last (NHWC): bfloat16 on the CPU,
+    # where oneDNN's bfloat16 kernels (AMX) take NHWC (``planner.models.channels_last``)
+    channels_last: bool = False
 
     @property
     def device(self) -> torch.device:

@@ -11,10 +11,11 @@ take and its output shape, without the memory (a server weighs a model before it
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -23,9 +24,11 @@ from torch import nn
 from core.cuda_allocator import split_exactly
 from core.errors import ModelError, UsageError
 from core.loaded import DTYPES, LoadedModel, ModelSpec
+from core.gate import MODULE_GATE
 from planner.families import family_of
 
 ONEDNN_CACHE = 8192  # primitives: every unit's kernels at every batch size of a profile
+log = logging.getLogger("vbs.plan")
 WEIGHTS_SEED = 0  # a model's random weights (no weights file): bench/peers.py's peers use it too
 
 
@@ -94,7 +97,32 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     model = model.eval().to(device=spec.device, dtype=dtype)
     for p in model.parameters():
         p.requires_grad_(False)
-    return LoadedModel(spec=spec, module=model, input_shape=tuple(shape), torch_dtype=dtype)
+    loaded = LoadedModel(spec=spec, module=model, input_shape=tuple(shape), torch_dtype=dtype)
+    return replace(loaded, channels_last=True) if channels_last(loaded) else loaded
+
+
+def channels_last(model: LoadedModel) -> bool:
+    """Put a bfloat16 model of images on the CPU in channels_last (its 4-d weights NHWC, so
+    its convolutions' outputs are too), where it runs; True where it does.
+
+    Why: oneDNN's bfloat16 convolutions (AVX512-BF16, AMX) run on NHWC, and on NCHW tensors
+    torch reorders around each one: resnet50 ran 2.2x faster a sample at 8 samples in
+    channels_last (docs/benchmarks.md, section 13). float32 stays as it is (ONNX Runtime runs
+    it; torch's float32 kernels gain less). A model whose forward cannot take the layout (a
+    ``view`` across channels, say) is put back and runs as before: one sample tried here."""
+    if model.spec.dtype != "bfloat16" or model.spec.device != "cpu" or \
+            len(model.input_shape) != 3:
+        return False
+    module = model.module.to(memory_format=torch.channels_last)
+    try:
+        with torch.inference_mode(), MODULE_GATE.running():  # never beside a trace
+            module(model.example(1))
+    except Exception as exc:  # noqa: BLE001 - any failure of the layout: the model as it was
+        module.to(memory_format=torch.contiguous_format)
+        log.info("%s: runs in bfloat16 without channels_last (%s: %s)", model.spec.name,
+                 type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
+from core.precision import BFLOAT16
 from core.runtimes.onnx_compose import CannotCompose, UnitGraphs
 from core.runtimes.ort_sessions import session_options
 from core.tree import node_to_json
@@ -77,13 +78,19 @@ def measured_times(capture: Capture, names: tuple[str, ...],
     graph that does not compose is left out) timed in the same interleaved rounds at one
     sample and at ``BATCH``, and kept there."""
     path = None if cache is None else \
-        cache / FOLDER / f"{_key(capture, int8, digest, runs=sorted(names))}.json"
+        cache / FOLDER / f"{_key(capture, int8, digest, runs=sorted(names), **_layout(names))}.json"
     found = _read(path)
     if found is not None and isinstance(found.get("seconds"), dict):
         return {name: float(v) for name, v in found["seconds"].items()}
     seconds = _per_sample(runs(), sample)
     _write(path, {"seconds": seconds})
     return seconds
+
+
+def _layout(names: tuple[str, ...]) -> dict[str, str]:
+    """What the key says of bfloat16's layout, where it is timed (channels_last on the CPU
+    since it runs so: ``planner.models.channels_last``; times of before are not its)."""
+    return {"bfloat16_layout": "channels_last"} if BFLOAT16 in names else {}
 
 
 def _read(path: Path | None) -> dict | None:

@@ -113,6 +113,8 @@ def fingerprint(capture: Capture, options: ProfileOptions) -> str:
     }
     if options.lean:
         key["lean"] = True
+    if capture.model.channels_last:  # other kernels (bfloat16 on the CPU: planner.models)
+        key["layout"] = "channels_last"
     if capture.precision.fingerprint_key() is not None:  # int8 units: other kernels
         key["precision"] = capture.precision.fingerprint_key()
     if runtimes.ONNXRUNTIME in measured:

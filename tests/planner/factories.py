@@ -118,6 +118,24 @@ def conv_chain() -> nn.Module:
                                                          nn.ReLU())))
 
 
+class FlattensByView(nn.Module):
+    """A convolution whose output is flattened with ``view``, which needs it NCHW-contiguous:
+    the model cannot run channels_last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4 * 8 * 8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return self.fc(y.view(y.shape[0], -1))
+
+
+def flattens_by_view() -> nn.Module:
+    return FlattensByView()
+
+
 def raises() -> nn.Module:
     raise RuntimeError("no checkpoint here")
 

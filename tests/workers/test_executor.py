@@ -11,6 +11,7 @@ profiler equals that claim (to the byte, but for units whose output is a view).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -23,7 +24,7 @@ from core.loaded import ModelSpec
 from planner.models import load_model
 from core.runner import run_node
 from planner.profiling.measure import cpu_memory_regions, cpu_peaks
-from planner.profiling.profiler import ProfileOptions, measure
+from planner.profiling.profiler import ProfileOptions, fingerprint, measure
 from core.walk import account, executor_peak, walk
 from core.program import Step
 from planner.solver.tables import build_table
@@ -205,6 +206,33 @@ def test_a_request_larger_than_the_table_is_split() -> None:
 def test_bfloat16_outputs_within_tolerance() -> None:
     worker = _worker("mobilenet_v2", dtype="bfloat16")
     _check(worker, 3, max(_smallest(worker), worker.table.top_bytes // 2))
+
+
+def test_bfloat16_on_the_cpu_runs_channels_last_where_the_model_takes_it() -> None:
+    """oneDNN's bfloat16 kernels take NHWC: a bfloat16 model of images on the CPU is loaded
+    channels_last (its convolutions' weights, so their outputs, the capture's units and the
+    executor's buffers), which its profile's fingerprint says; float32 stays NCHW, and a model
+    whose forward cannot take the layout runs as it was."""
+    shape = (3, 32, 32)
+    bf = load_model(ModelSpec("resnet18", input_shape=shape, dtype="bfloat16"))
+    assert bf.channels_last
+    conv = bf.module.conv1.weight
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    cap = capture(bf)
+    assert cap.units["conv1"].channels_last  # the executor's buffers for it too
+    x = bf.example(2, seed=1)
+    with torch.inference_mode():
+        assert torch.equal(run_node(cap, cap.tree, x), bf.module(x))
+    options = ProfileOptions(batch_max=2)
+    as_before = replace(cap, model=replace(bf, channels_last=False))
+    assert fingerprint(cap, options) != fingerprint(as_before, options)
+    f32 = load_model(ModelSpec("resnet18", input_shape=shape))
+    assert not f32.channels_last and f32.module.conv1.weight.is_contiguous()
+    viewed = load_model(ModelSpec("tests.planner.factories:flattens_by_view",
+                                  input_shape=(3, 8, 8), dtype="bfloat16"))
+    assert not viewed.channels_last and viewed.module.conv.weight.is_contiguous()
+    with torch.inference_mode():
+        assert viewed.module(viewed.example(2)).shape == (2, 3)
 
 
 @pytest.mark.gpu
