@@ -23,12 +23,13 @@ from torch import nn
 
 from core.cuda_allocator import split_exactly
 from core.errors import ModelError, UsageError
-from core.loaded import DTYPES, LoadedModel, ModelSpec
 from core.gate import MODULE_GATE
+from core.loaded import DTYPES, LoadedModel, ModelSpec
 from planner.families import family_of
 
-ONEDNN_CACHE = 8192  # primitives: every unit's kernels at every batch size of a profile
 log = logging.getLogger("vbs.plan")
+
+ONEDNN_CACHE = 8192  # primitives: every unit's kernels at every batch size of a profile
 WEIGHTS_SEED = 0  # a model's random weights (no weights file): bench/peers.py's peers use it too
 
 
@@ -106,8 +107,8 @@ def channels_last(model: LoadedModel) -> bool:
     its convolutions' outputs are too), where it runs; True where it does.
 
     Why: oneDNN's bfloat16 convolutions (AVX512-BF16, AMX) run on NHWC, and on NCHW tensors
-    torch reorders around each one: resnet50 ran 2.2x faster a sample at 8 samples in
-    channels_last (docs/benchmarks.md, section 13). float32 stays as it is (ONNX Runtime runs
+    torch reorders around each one: resnet50's units ran 1.8x faster in channels_last on AMX
+    (docs/benchmarks.md, section 13). float32 stays as it is (ONNX Runtime runs
     it; torch's float32 kernels gain less). A model whose forward cannot take the layout (a
     ``view`` across channels, say) is put back and runs as before: one sample tried here."""
     if model.spec.dtype != "bfloat16" or model.spec.device != "cpu" or \
