@@ -25,30 +25,24 @@ import numpy as np
 import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from core.runtimes.ort_arrays import cpu_threads  # noqa: E402
 from core.runtimes.ort_sessions import SPIN, STOP, start  # noqa: E402
-from core.spec import ModelSpec  # noqa: E402
-from planner.store import open_store  # noqa: E402
-from planner.stored import read_compiled  # noqa: E402
+from int8_export import read_served, served_arguments  # noqa: E402
 from workers.array_backend import ArrayModel  # noqa: E402
 from workers.memory import MemoryProbe  # noqa: E402
 from workers.worker import Worker  # noqa: E402
-from core.runtimes.ort_arrays import cpu_threads  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--store", required=True)
-    ap.add_argument("--served", required=True, help="the alias it was planned under")
-    ap.add_argument("--model", required=True)
+    served_arguments(ap)
     ap.add_argument("--onnx", required=True, type=Path)
     ap.add_argument("--batch", default="1,4,8")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--keep-spinning", action="store_true")
     args = ap.parse_args()
     start()
-    with open_store(args.store) as store:
-        stored = read_compiled(store, args.served, ModelSpec(args.model), "vbs", "time",
-                               weights_dir=tempfile.gettempdir())
+    stored = read_served(args, weights_dir=tempfile.gettempdir())
     worker = Worker(ArrayModel(stored.compiled, stored.profile.root, stored.fingerprint),
                     stored.tables["vbs"], MemoryProbe("cpu"), name=args.served)
     options = ort.SessionOptions()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 import onnx
 
@@ -25,18 +26,28 @@ from planner.store import open_store  # noqa: E402
 from planner.stored import read_compiled  # noqa: E402
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def served_arguments(ap: argparse.ArgumentParser) -> None:
+    """The arguments that name a served model in a store (``read_served`` reads it)."""
     ap.add_argument("--store", required=True)
     ap.add_argument("--served", required=True, help="the alias it was planned under")
     ap.add_argument("--model", required=True)
     ap.add_argument("--input-shape", help="as it was planned with (MODEL@C,H,W), if it was")
-    ap.add_argument("--out", required=True, type=Path)
-    args = ap.parse_args()
+
+
+def read_served(args: argparse.Namespace, **kwargs: Any) -> Any:
+    """The compiled model and tables ``served_arguments`` named (``read_compiled``'s)."""
     shape = parse_shape(args.input_shape) if args.input_shape else None
     with open_store(args.store) as store:
-        stored = read_compiled(store, args.served, ModelSpec(args.model, input_shape=shape),
-                               "vbs", "time")
+        return read_compiled(store, args.served, ModelSpec(args.model, input_shape=shape),
+                             "vbs", "time", **kwargs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    served_arguments(ap)
+    ap.add_argument("--out", required=True, type=Path)
+    args = ap.parse_args()
+    stored = read_served(args)
     graphs = stored.compiled.graphs
     whole = graphs.compose(graphs.shapes.tree.children)
     onnx.checker.check_model(whole)
