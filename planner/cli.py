@@ -55,12 +55,12 @@ def add_runtime_arg(p: argparse.ArgumentParser) -> None:
 
 def add_precision_args(p: argparse.ArgumentParser) -> None:
     """``--precision``, ``--calibration``, ``--max-error``: int8 units (``planner.precision``)."""
-    p.add_argument("--precision", choices=["float32", "int8", "bfloat16", "auto"],
+    p.add_argument("--precision", choices=["float32", "int8", "bfloat16", "float16", "auto"],
                    help="the units at float32, int8 on ONNX Runtime (quantized from "
                         "--calibration, the error guard keeping float32 the units that move "
-                        "the answer most), bfloat16 (the whole model on torch, guarded) or "
-                        "auto (given samples, whichever measured fastest here, else float32) "
-                        "(default: VBS_PRECISION)")
+                        "the answer most), bfloat16 or float16 (the whole model on torch, "
+                        "guarded) or auto (given samples, whichever measured fastest here, "
+                        "else float32) (default: VBS_PRECISION)")
     p.add_argument("--calibration", type=Path, metavar="DIR",
                    help="samples of the model's input (.npy, or images) int8 is calibrated "
                         "and guarded on (default: VBS_CALIBRATION)")
@@ -151,7 +151,7 @@ def runtime_lines(profile: Any) -> list[str]:
 
     from core.tree import iter_layers, iter_nodes
 
-    from core.precision import BFLOAT16, Precision
+    from core.precision import Precision
 
     meta = profile.meta.get("runtimes") or {}
     lines = [f"  {name}: unavailable here: {info['unavailable']}"
@@ -164,8 +164,8 @@ def runtime_lines(profile: Any) -> list[str]:
                      f"{precision.error:.3g} of the output's scale"
                      + (f", {precision.speedup:.2f}x float32's speed" if precision.speedup else "")
                      + f" ({precision.why})")
-    elif precision.dtype == BFLOAT16:
-        lines.append(f"  precision: bfloat16, every unit on torch: top-1 agreement "
+    elif precision.half:
+        lines.append(f"  precision: {precision.dtype}, every unit on torch: top-1 agreement "
                      f"{100 * precision.agreement:.1f}% with float32 on {precision.held_out} "
                      f"held-out samples, largest difference {precision.error:.3g} of the "
                      "output's scale"

@@ -132,7 +132,7 @@ def _write_html(args: argparse.Namespace, models: list[tuple[str, Any, Any]]) ->
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from core.precision import BFLOAT16, Precision
+    from core.precision import Precision
     from planner.cli import settings_from
     from planner.solver.compare import budget_range, compare, render, render_sweep, sweep
     from core.sizes import parse_budgets, parse_bytes
@@ -161,8 +161,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"{served}: int8 units (on ONNX Runtime; the rest float32): "
               f"{', '.join(precision.int8)}; top-1 agreement {100 * precision.agreement:.1f}% "
               f"with float32 on {precision.held_out} held-out samples")
-    elif precision.dtype == BFLOAT16:
-        print(f"{served}: bfloat16, every unit on torch; top-1 agreement "
+    elif precision.half:
+        print(f"{served}: {precision.dtype}, every unit on torch; top-1 agreement "
               f"{100 * precision.agreement:.1f}% with float32 on {precision.held_out} held-out "
               "samples")
     if any(c in args.memory for c in ":,") or args.memory.startswith("auto"):

@@ -34,7 +34,7 @@ import torch
 from onnx import TensorProto
 
 from core.errors import UsageError
-from core.precision import AUTO, BFLOAT16, FLOAT, FLOAT32, Precision, check_choice
+from core.precision import AUTO, FLOAT, FLOAT32, HALF, Precision, check_choice
 from core.runner import run_node, run_unit
 from core.runtimes.onnx_compose import OPSET, UnitGraphs
 from core.runtimes.onnx_graphs import export_units
@@ -42,7 +42,7 @@ from core.runtimes.onnxrt import unavailable
 from core.tree import Layer
 from core.units import MODULE_GATE, Capture
 from planner.calibration import Calibration, read_calibration
-from planner.precision_bf16 import fastest, in_bfloat16, native
+from planner.precision_half import fastest, in_half, native
 from planner.precision_speed import MIN_SPEEDUP, keeps_int8, measured_speedup
 
 log = logging.getLogger("vbs.plan")
@@ -72,9 +72,9 @@ def with_precision(capture: Capture, choice: str, calibration: Path | None,
                    max_error: float, cache: Path | None = None) -> Capture:
     """``capture`` with its units' graphs at ``choice`` (``core.precision.CHOICES``): float32 as
     it is; int8 (and auto, given samples) quantized from ``calibration`` and guarded; bfloat16
-    (and auto, where the CPU has its kernels and it measured fastest here:
-    ``planner.precision_bf16``) the model captured again at that dtype and guarded; auto
-    without samples, or where neither runs faster here (``planner.precision_speed``, its
+    or float16 (and auto, where the device has their kernels and one measured fastest here:
+    ``planner.precision_half``) the model captured again at that dtype and guarded; auto
+    without samples, or where nothing runs faster here (``planner.precision_speed``, its
     verdicts kept in ``cache``), float32, saying why."""
     check_choice(choice)
     if choice == FLOAT32:
@@ -87,30 +87,42 @@ def with_precision(capture: Capture, choice: str, calibration: Path | None,
         return replace(capture, precision=replace(
             FLOAT, why="auto: no calibration samples (--calibration DIR), so float32"))
     samples = read_calibration(calibration, capture.model.spec.name, capture.input_shape)
-    if choice == BFLOAT16:
-        bf = in_bfloat16(capture, samples, max_error)
-        if not bf.kept:
-            return replace(capture, precision=replace(bf.capture.precision, dtype=FLOAT32,
-                                                      why=f"{bf.why}: float32"))
-        if not native(capture.model.device):
-            return replace(bf.capture, precision=replace(
-                bf.capture.precision, why=f"{bf.why}; this device has no bfloat16 kernels "
-                                          "(AVX512-BF16 or AMX): torch emulates them, slower "
-                                          "than float32"))
-        return bf.capture
+    if choice in HALF:
+        return _half(capture, choice, samples, max_error)
     int8 = _int8(capture, choice, samples, max_error, cache)
-    device = capture.model.device
-    if choice == AUTO and capture.model.spec.dtype == FLOAT32 and device.type == "cpu" \
-            and native(device):  # bfloat16 weighed against ONNX Runtime's CPU kernels
+    if choice == AUTO and capture.model.spec.dtype == FLOAT32:  # the half precisions weighed
         return fastest(capture, int8.capture, int8.graphs, int8.mixed, samples, max_error,
                        cache)
     return int8.capture
 
 
+# what a device lacks where torch only emulates a half precision's kernels
+_KERNELS = {("cpu", "bfloat16"): "AVX512-BF16 or AMX",
+            ("cpu", "float16"): "AVX512-FP16 or AMX-FP16",
+            ("cuda", "bfloat16"): "compute capability 8.0 or newer"}
+
+
+def _half(capture: Capture, dtype: str, samples: Calibration, max_error: float) -> Capture:
+    """``--precision bfloat16|float16``: the model captured again at ``dtype`` where its guard
+    held (saying so where the device only emulates its kernels), else float32 saying why."""
+    half = in_half(capture, samples, max_error, dtype)
+    if not half.kept:
+        return replace(capture, precision=replace(half.capture.precision, dtype=FLOAT32,
+                                                  why=f"{half.why}: float32"))
+    if not native(capture.model.device, dtype):
+        kernels = _KERNELS.get((capture.model.device.type, dtype), "its kernels")
+        return replace(half.capture, precision=replace(
+            half.capture.precision, why=f"{half.why}; this device has no {dtype} kernels "
+                                        f"({kernels}): torch emulates them, slower than "
+                                        "float32"))
+    return half.capture
+
+
 @dataclass(frozen=True)
 class _Int8:
     """The int8 choice: the capture it gives (int8 units, or float32 saying why), and the
-    whole model's float32 and mixed graphs where it made them (for bfloat16's comparison)."""
+    whole model's float32 and mixed graphs where it made them (for the half precisions'
+    comparison)."""
 
     capture: Capture
     graphs: UnitGraphs | None = None

@@ -11,9 +11,9 @@ session options); `--precision int8` keeps it whatever it measured, and says so.
 is cached by what decides it (the model's tree, its int8 units, the calibration samples, this
 CPU, ONNX Runtime's version), so every process that captures the model again (`vbs plan`'s
 load measurement, a torch worker) makes the same choice and finds the same tables.
-Where the CPU has bfloat16 kernels, ``measured_times`` times torch's bfloat16 model beside
-float32 (ONNX Runtime's and torch's) and the int8 units, in the same rounds, for `auto`'s
-choice among them (``planner.precision_bf16``).
+Where the device has half-precision kernels, ``measured_times`` times torch's bfloat16 or
+float16 model beside float32 (ONNX Runtime's and torch's) and the int8 units, in the same
+rounds, for `auto`'s choice among them (``planner.precision_half``).
 """
 
 from __future__ import annotations
@@ -73,12 +73,12 @@ def measured_times(capture: Capture, names: tuple[str, ...],
                    int8: tuple[str, ...], digest: str, sample: np.ndarray,
                    cache: Path | None) -> dict[str, float]:
     """Seconds per sample of the candidates ``names`` (float32 on ONNX Runtime and on torch,
-    the int8 units, torch in bfloat16), from ``cache`` where this machine measured them
+    the int8 units, torch at a half precision), from ``cache`` where this machine measured them
     before, else ``runs()`` (a name to a call of the whole model on an array of samples; a
     graph that does not compose is left out) timed in the same interleaved rounds at one
     sample and at ``BATCH``, and kept there."""
     path = None if cache is None else \
-        cache / FOLDER / f"{_key(capture, int8, digest, runs=sorted(names), **_layout(names))}.json"
+        cache / FOLDER / f"{_key(capture, int8, digest, runs=sorted(names), **_layout(capture, names))}.json"
     found = _read(path)
     if found is not None and isinstance(found.get("seconds"), dict):
         return {name: float(v) for name, v in found["seconds"].items()}
@@ -87,10 +87,11 @@ def measured_times(capture: Capture, names: tuple[str, ...],
     return seconds
 
 
-def _layout(names: tuple[str, ...]) -> dict[str, str]:
-    """What the key says of bfloat16's layout, where it is timed (channels_last on the CPU
+def _layout(capture: Capture, names: tuple[str, ...]) -> dict[str, str]:
+    """What the key says of bfloat16's layout, where it is timed on the CPU (channels_last
     since it runs so: ``planner.models.channels_last``; times of before are not its)."""
-    return {"bfloat16_layout": "channels_last"} if BFLOAT16 in names else {}
+    cpu = capture.model.device.type == "cpu"
+    return {"bfloat16_layout": "channels_last"} if cpu and BFLOAT16 in names else {}
 
 
 def _read(path: Path | None) -> dict | None:

@@ -93,14 +93,15 @@ class Settings(BaseSettings):
                     "device; each step of a plan runs on the fastest for it), onnxruntime "
                     "(CPU) or cudagraph (CUDA graphs) wherever it takes the unit, torch "
                     "elsewhere, or torch (part of the profile's fingerprint)")
-    precision: Literal["float32", "int8", "bfloat16", "auto"] = Field(
+    precision: Literal["float32", "int8", "bfloat16", "float16", "auto"] = Field(
         default="float32",
         description="what the units run at: float32; int8 on ONNX Runtime (static, per-channel "
                     "weights, quantized from VBS_CALIBRATION's samples, the units that move the "
-                    "answer most kept float32 by the error guard); bfloat16 (the whole model on "
-                    "torch, guarded on the samples); or auto (given calibration samples, the "
-                    "fastest of those that measured faster than float32 here, bfloat16 only on "
-                    "a CPU with its kernels, else float32); part of the fingerprint")
+                    "answer most kept float32 by the error guard); bfloat16 or float16 (the "
+                    "whole model on torch, guarded on the samples); or auto (given calibration "
+                    "samples, the fastest of those that measured faster than float32 here, a "
+                    "half precision only on a device with its kernels, else float32); part of "
+                    "the fingerprint")
     calibration: Path | None = Field(
         default=None,
         description="a folder of the model's input samples (.npy, or images through the "

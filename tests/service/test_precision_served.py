@@ -1,7 +1,7 @@
 """A model planned in int8 (`vbs plan --precision int8 --calibration DIR`) served beside its
 float32 tables under another name: `/models`, the OIP metadata and config and `/plan` say each
 one's precision, and both answer (the accuracy is tests/workers/test_precision.py's); and one
-planned and served in bfloat16 by the torch worker."""
+planned and served in bfloat16 or float16 by the torch worker."""
 
 from __future__ import annotations
 
@@ -62,45 +62,46 @@ def test_int8_and_float32_served_side_by_side_say_their_precision(
     run(body())
 
 
-def test_bfloat16_served_by_the_torch_worker_says_its_precision(
-        make_settings: Any, tmp_path: Path) -> None:
-    """`vbs plan --precision bfloat16` and `vbs serve` with VBS_PRECISION=bfloat16 and the same
-    samples: the torch worker captures the model at bfloat16 and finds the tables planned for
-    it (the same fingerprint: nothing planned at load), and `/models`, the OIP metadata and
-    `/plan` say bfloat16; the answer is the bfloat16 model's."""
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_half_precision_served_by_the_torch_worker_says_its_precision(
+        make_settings: Any, tmp_path: Path, dtype: str) -> None:
+    """`vbs plan --precision bfloat16|float16` and `vbs serve` with VBS_PRECISION set so and
+    the same samples: the torch worker captures the model at that dtype and finds the tables
+    planned for it (the same fingerprint: nothing planned at load), and `/models`, the OIP
+    metadata and `/plan` say it; the answer (float32 sent) is the half model's."""
     x, y = digits()
     weights, folder = tmp_path / "w.pt", tmp_path / "calibration"
     model = train(x[:600], y[:600], epochs=3)
     torch.save(model.state_dict(), weights)
     folder.mkdir()
     np.save(folder / "samples.npy", x[600:664])
-    assert main(["plan", "--model", f"b16={NAME}", "--precision", "bfloat16", "--calibration",
+    assert main(["plan", "--model", f"b16={NAME}", "--precision", dtype, "--calibration",
                  str(folder), "--weights", str(weights), "--batch-max", "4", "--store",
                  str(tmp_path / "store"), "--cache-dir", str(tmp_path / "cache"),
                  "--select-rounds", "1", "--quiet"]) == 0
     settings = make_settings(models=[f"b16={NAME}"], weights=weights,
-                             cache_dir=tmp_path / "cache", precision="bfloat16",
+                             cache_dir=tmp_path / "cache", precision=dtype,
                              calibration=folder)
     sample = np.ascontiguousarray(x[700:702])
 
     async def body() -> None:
         async with running(create_app(settings)) as client:
             (entry,) = (await client.get("/models")).json()["models"]
-            assert entry["precision"]["precision"] == "bfloat16"
+            assert entry["precision"]["precision"] == dtype
             assert entry["table"]["kind"] == "planned" and entry["table"]["version"] == 1
             meta = (await client.get("/v2/models/b16")).json()
-            assert meta["parameters"]["precision"] == "bfloat16"
+            assert meta["parameters"]["precision"] == dtype
             plan = (await client.get("/plan", params={"model": "b16", "mem": "1GB",
                                                       "batch": 2})).json()
-            assert {u["precision"] for u in plan["plan"]["units"]} == {"bfloat16"}
+            assert {u["precision"] for u in plan["plan"]["units"]} == {dtype}
             body = {"inputs": [{"name": "input", "shape": [2, 1, 16, 16], "datatype": "FP32",
                                 "data": sample.ravel().tolist()}]}
             answer = await client.post("/v2/models/b16/infer", json=body)
             assert answer.status_code == 200, answer.text
             got = np.asarray(answer.json()["outputs"][0]["data"], np.float32).reshape(2, 10)
             with torch.inference_mode():
-                own = model.eval().to(torch.bfloat16)(
-                    torch.from_numpy(sample).to(torch.bfloat16)).float().numpy()
+                half = getattr(torch, dtype)
+                own = model.eval().to(half)(torch.from_numpy(sample).to(half)).float().numpy()
             assert np.abs(got - own).max() <= 1e-2 * max(1.0, float(np.abs(own).max()))
             assert got.argmax(1).tolist() == own.argmax(1).tolist()
 

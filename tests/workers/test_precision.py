@@ -147,14 +147,14 @@ def test_auto_keeps_int8_only_where_this_machine_measured_it_faster(
     float32 and says why (the same fingerprint as float32), else it keeps the guard's units;
     `int8` keeps them either way and says what auto would do. The verdict is set here in the
     cache (what another run on another machine could have measured): no timing decides;
-    bfloat16 is not weighed (a CPU without its kernels: the test below weighs it)."""
-    import planner.precision as precision_module
+    no half precision is weighed (a CPU without their kernels: the test below weighs them)."""
+    import planner.precision_half as half_module
     from planner.graph.capture import capture
     from planner.models import load_model
     from planner.precision import with_precision
     from planner.precision_speed import FOLDER, MIN_SPEEDUP, keeps_int8
 
-    monkeypatch.setattr(precision_module, "native", lambda device: False)
+    monkeypatch.setattr(half_module, "natives", lambda device: ())
 
     weights, folder, _, _ = trained
     cache = tmp_path / "cache"
@@ -216,33 +216,35 @@ def test_a_plan_says_what_its_own_guard_measured_when_the_profile_is_cached(
     assert Precision.from_json(lean.compiled.meta["precision"]).max_error == 0.25
 
 
-def test_bfloat16_served_keeps_the_trained_models_accuracy(
-        tmp_path: Path, trained: tuple[Path, Path, np.ndarray, np.ndarray]) -> None:
-    """`vbs plan --precision bfloat16 --calibration DIR` on the digits CNN: the model captured
-    again at bfloat16 (every unit on torch: the profile, /plan and the page say so, and what
-    the guard measured), its fingerprint its own, and the torch worker's plans answer the
-    held-out test set within 1 point of float32's accuracy, in bfloat16 (not float32's
-    answers), within bfloat16's tolerance of the bfloat16 model's own."""
-    from core.precision import BFLOAT16, BFLOAT16_TOLERANCE
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_half_precision_served_keeps_the_trained_models_accuracy(
+        tmp_path: Path, trained: tuple[Path, Path, np.ndarray, np.ndarray], dtype: str) -> None:
+    """`vbs plan --precision bfloat16|float16 --calibration DIR` on the digits CNN: the model
+    captured again at that dtype (every unit on torch: the profile, /plan and the page say so,
+    and what the guard measured), its fingerprint its own, and the torch worker's plans answer
+    the held-out test set within 1 point of float32's accuracy, at that dtype (not float32's
+    answers), within its tolerance of the model's own at that dtype. float16 is CUDA's (on
+    this CPU torch emulates it): the same path, rehearsed here."""
+    from core.precision import HALF_TOLERANCE
     from planner.pipeline import prepare
 
     weights, folder, x, y = trained
-    assert _plan(tmp_path, weights, "b16", "--precision", "bfloat16", "--calibration",
+    assert _plan(tmp_path, weights, "half", "--precision", dtype, "--calibration",
                  str(folder)) == 0
     spec = ModelSpec(NAME, input_shape=SHAPE, weights=weights)
-    settings = Settings(precision="bfloat16", calibration=folder, cache_dir=tmp_path / "cache",
+    settings = Settings(precision=dtype, calibration=folder, cache_dir=tmp_path / "cache",
                         max_error=0.01)
     with open_store(str(tmp_path / "store")) as st:
         prepared = prepare(spec, settings, st, batch_max=4, progress=False)
     assert not prepared.published  # the table `vbs plan` stored: the same fingerprint
     precision = Precision.from_json(prepared.profile.meta.get("precision"))
-    assert precision.name == BFLOAT16 and precision == prepared.capture.precision
-    assert prepared.profile.meta["dtype"] == BFLOAT16 and precision.held_out == CALIBRATION // 4
+    assert precision.name == dtype and precision == prepared.capture.precision
+    assert prepared.profile.meta["dtype"] == dtype and precision.held_out == CALIBRATION // 4
     assert precision.agreement >= 1 - settings.max_error and 0 < precision.error < 0.1
     table = prepared.table
     units = plan_description(table, int(table.row(4).plans[-1]), 4, precision)["units"]
-    assert units and all(u["precision"] == BFLOAT16 for u in units)
-    worker = Worker(prepared.capture, table, MemoryProbe("cpu"), name="b16")
+    assert units and all(u["precision"] == dtype for u in units)
+    worker = Worker(prepared.capture, table, MemoryProbe("cpu"), name="half")
     try:  # as a torch worker is given a batch: the model's input on its device and dtype
         got = np.concatenate([
             worker.infer(worker.model.to_input(torch.from_numpy(c)))[0].float().numpy()
@@ -253,35 +255,38 @@ def test_bfloat16_served_keeps_the_trained_models_accuracy(
         model = factory()
         model.load_state_dict(torch.load(weights, weights_only=True))
         want = model.eval()(torch.from_numpy(x)).numpy()
-        own = model.to(torch.bfloat16)(torch.from_numpy(x).to(torch.bfloat16)).float().numpy()
-    assert not np.allclose(got, want, rtol=1e-4, atol=1e-4)  # bfloat16 ran, not float32
+        half = getattr(torch, dtype)
+        own = model.to(half)(torch.from_numpy(x).to(half)).float().numpy()
+    assert not np.allclose(got, want, rtol=1e-4, atol=1e-4)  # the half precision ran
     scale = max(1.0, float(np.abs(own).max()))
-    assert float(np.abs(got - own).max()) <= BFLOAT16_TOLERANCE * scale
+    assert float(np.abs(got - own).max()) <= HALF_TOLERANCE * scale
     acc16, acc32 = float((got.argmax(1) == y).mean()), float((want.argmax(1) == y).mean())
-    print(f"\ndigits, {len(y)} held-out: float32 {100 * acc32:.2f}%, bfloat16 served "
+    print(f"\ndigits, {len(y)} held-out: float32 {100 * acc32:.2f}%, {dtype} served "
           f"{100 * acc16:.2f}%")
     assert acc32 > 0.9 and acc16 >= acc32 - 0.01, (acc16, acc32)
 
 
-def test_auto_takes_bfloat16_only_where_it_measured_fastest(
+def test_auto_takes_a_half_precision_only_where_it_measured_fastest(
         tmp_path: Path, trained: tuple[Path, Path, np.ndarray, np.ndarray],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """On a CPU with bfloat16 kernels `auto` times float32 (ONNX Runtime's whole graph and
-    torch's), the guard's int8 units and bfloat16 in the same rounds, once (kept beside the
-    profiles), and takes bfloat16 only where it was the fastest and beat float32 by
-    ``MIN_SPEEDUP``; else it keeps the int8 choice and says what bfloat16 measured. The times
-    are set here in the cache (what another machine could have measured): no timing decides;
-    the CPU's check is set too, so the test runs the same on a CPU without the kernels."""
+    """On a device with half-precision kernels `auto` times float32 (ONNX Runtime's whole graph
+    and torch's), the guard's int8 units and each half precision the device runs in the same
+    rounds, once (kept beside the profiles), and takes the fastest half only where it was the
+    fastest of all and beat float32 by ``MIN_SPEEDUP``; else it keeps the int8 choice and says
+    what the half measured. The times are set here in the cache (what another machine could
+    have measured): no timing decides; the device's kernels are set too (bfloat16 alone, as
+    on a CPU with AVX512-BF16; then bfloat16 and float16, as on a CUDA device from Ampere
+    on), so the test runs the same on a CPU without them."""
     import json
 
-    import planner.precision as precision_module
-    from core.precision import BFLOAT16
+    import planner.precision_half as half_module
+    from core.precision import BFLOAT16, FLOAT16
     from planner.graph.capture import capture
     from planner.models import load_model
     from planner.precision import with_precision
     from planner.precision_speed import FOLDER
 
-    monkeypatch.setattr(precision_module, "native", lambda device: True)
+    monkeypatch.setattr(half_module, "natives", lambda device: (BFLOAT16,))
     weights, folder, _, _ = trained
     cache = tmp_path / "cache"
     cap = capture(load_model(ModelSpec(NAME, input_shape=SHAPE, weights=weights)))
@@ -315,6 +320,25 @@ def test_auto_takes_bfloat16_only_where_it_measured_fastest(
     strict = with_precision(cap, "bfloat16", folder, -1.0, cache)  # no guard holds
     assert strict.precision.name == "float32" and "moved top-1" in strict.precision.why
     assert strict.model.torch_dtype == torch.float32
+
+    monkeypatch.setattr(half_module, "natives", lambda device: (BFLOAT16, FLOAT16))
+    before = set((cache / FOLDER).iterdir())
+    with_precision(cap, "auto", folder, 0.5, cache)  # other candidates: timed again, once
+    (both,) = set((cache / FOLDER).iterdir()) - before
+    assert {"float32", "float32 torch", "int8", BFLOAT16, FLOAT16} == set(
+        json.loads(both.read_text())["seconds"])
+    times = both
+    f16 = decided(float32=4.0, float32_torch=5.0, int8=3.0, bfloat16=2.0, float16=1.6)
+    assert f16.name == FLOAT16 and f16.speedup == 2.5 and f16.fingerprint_key() == {
+        "dtype": FLOAT16, "calibration": f16.calibration}
+    b16 = decided(float32=4.0, float32_torch=5.0, int8=3.0, bfloat16=1.6, float16=2.0)
+    assert b16.name == BFLOAT16 and b16.speedup == 2.5
+    neither = decided(float32=4.0, float32_torch=5.0, int8=1.0, bfloat16=1.6, float16=1.5)
+    assert neither.name == "int8" and "float16 ran 2.67x float32's speed, int8 faster" in neither.why
+    asked16 = with_precision(cap, "float16", folder, 0.5, cache)  # whatever it measured
+    assert asked16.precision.name == FLOAT16 and asked16.model.torch_dtype == torch.float16
+    assert ("no float16 kernels" in asked16.precision.why) != half_module.native(
+        cap.model.device, FLOAT16)  # where torch only emulates them, it says so
 
 
 def test_a_relu_between_int8_units_lets_onnx_runtime_run_the_join_before_it_in_int8(
