@@ -8,12 +8,14 @@ planner, which only builds tables; ``planner.pipeline.prepare`` takes this as it
 step, before the tables are published. The plans of one request size run interleaved, in an
 order shuffled anew each round (seeded), so that drift hits them alike, on the same input,
 each first checked against ``model(x)``; every plan runs once per round however many budgets
-share it.
+share it, as several calls back to back where one is short (``ROUND_S``): a round's time is
+their mean, so a plan of a few milliseconds is not judged by one call's jitter.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -33,17 +35,30 @@ from workers.executor import execute
 
 log = logging.getLogger("vbs.plan")
 
+# a plan's round lasts at least this long: one call of a small model's plan (1-3 ms) moves by
+# 10-20% from call to call here, as much as the margin it must win by (mobilenet_v2 in int8:
+# one call of 2 samples ran 0.81-0.98x two calls of one, round by round, 0.98x in the first;
+# docs/benchmarks.md section 13), so such a plan runs several calls back to back in its round
+ROUND_S = 0.02
+MAX_CALLS = 16  # calls of one plan in a round at most
 
-def timed(device: torch.device, fn: Callable[[], Any]) -> float:
-    """Seconds ``fn`` takes, the device's queue drained before and after."""
+
+def timed(device: torch.device, fn: Callable[[], Any], calls: int = 1) -> float:
+    """Seconds a call of ``fn`` takes, the mean of ``calls`` back to back, the device's queue
+    drained before and after."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
-    y = fn()
+    for _ in range(calls):
+        fn()  # its output dropped at once: no more memory held than a served batch holds
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    del y
-    return time.perf_counter() - t0
+    return (time.perf_counter() - t0) / calls
+
+
+def calls_per_round(seconds: float) -> int:
+    """How many calls of a plan whose call took ``seconds`` make its round (``ROUND_S``)."""
+    return max(1, min(MAX_CALLS, math.ceil(ROUND_S / max(seconds, 1e-6))))
 
 
 def selected(capture: Capture, tables: Mapping[str, PlanTable], solver: str, rounds: int,
@@ -71,8 +86,9 @@ def selected(capture: Capture, tables: Mapping[str, PlanTable], solver: str, rou
 def measure(capture: Capture, table: PlanTable, uniform: PlanTable, rounds: int,
             sizes: Collection[int] | None = None, bigger: PlanTable | None = None
             ) -> dict[str, list[float]]:
-    """Seconds of every plan ``to_measure`` names, one per round, by plan id (``sizes``:
-    of those request sizes only; ``bigger``: fbs's table, its batches above fbs-best's)."""
+    """Seconds of every plan ``to_measure`` names, a call's in each round (the mean of
+    ``calls_per_round`` calls), by plan id (``sizes``: of those request sizes only;
+    ``bigger``: fbs's table, its batches above fbs-best's)."""
     model = capture.model
     device = model.device
     loaded = {name: rt.load(name, capture, RuntimeOptions())
@@ -91,13 +107,13 @@ def measure(capture: Capture, table: PlanTable, uniform: PlanTable, rounds: int,
                                               p.run_map, loaded))
                 _check(job(), expected, plan.plan_id, model.spec.name,
                        capture.precision.tolerance)  # and warm
-                jobs.append((plan.plan_id, job))
+                jobs.append((plan.plan_id, job, calls_per_round(timed(device, job))))
             order = list(jobs)
             shuffle = random.Random(r).shuffle
             for _ in range(rounds):
                 shuffle(order)
-                for plan_id, job in order:
-                    seconds.setdefault(plan_id, []).append(timed(device, job))
+                for plan_id, job, calls in order:
+                    seconds.setdefault(plan_id, []).append(timed(device, job, calls))
     finally:
         for units in loaded.values():
             units.release()
@@ -129,4 +145,4 @@ def _check(y: torch.Tensor, expected: torch.Tensor, plan_id: str, name: str,
                         "`vbs plan --select-rounds 0` to plan without it")
 
 
-__all__ = ["measure", "selected", "timed"]
+__all__ = ["MAX_CALLS", "ROUND_S", "calls_per_round", "measure", "selected", "timed"]

@@ -74,3 +74,36 @@ def test_solve_given_the_exported_profile_and_table_answers_as_the_served_table(
             got = json.loads(capsys.readouterr().out)
             assert (got["plan_id"], got["time_total"], got["time_measured"]) == \
                 (plan.plan_id, plan.time_total, plan.time_measured)
+
+
+def test_a_short_plan_runs_several_calls_a_round_and_its_round_is_their_mean(
+        monkeypatch) -> None:
+    """A plan of a few milliseconds is timed over ``ROUND_S`` of calls back to back in each
+    round (their mean), not by one call's jitter; a long one once a round, as before. Counted
+    by the executor's calls: what a round ran, whatever the machine measured."""
+    import workers.plan_selection as selection
+    from planner.graph.capture import capture
+    from planner.models import load_model
+    from planner.profiling.profiler import ProfileOptions, measure
+    from planner.solver.tables import build_tables
+
+    assert selection.calls_per_round(1.0) == 1 and selection.calls_per_round(0.005) == 4
+    assert selection.calls_per_round(1e-9) == selection.MAX_CALLS
+    cap = capture(load_model(ModelSpec(NAME, input_shape=SHAPE)))
+    tables = build_tables(measure(cap, ProfileOptions(batch_max=2, repeats=1, warmup=1),
+                                  progress=False), ("vbs", "fbs-best"), slot_count=16)
+    calls: list[int] = []
+    execute = selection.execute
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return execute(*args, **kwargs)
+
+    monkeypatch.setattr(selection, "execute", counted)
+    rounds = 2
+    seconds = selection.measure(cap, tables["vbs"], tables["fbs-best"], rounds, sizes=[2])
+    assert seconds and all(len(v) == rounds and min(v) > 0 for v in seconds.values())
+    # each plan: its check, the call that sizes its round, then its rounds; a plan of this
+    # tiny model takes far below ROUND_S a call, so its rounds ran several calls each
+    assert len(calls) > len(seconds) * (2 + rounds)
+    assert len(calls) <= len(seconds) * (2 + rounds * selection.MAX_CALLS)
