@@ -77,8 +77,8 @@ def measured_times(capture: Capture, names: tuple[str, ...],
     before, else ``runs()`` (a name to a call of the whole model on an array of samples; a
     graph that does not compose is left out) timed in the same interleaved rounds at one
     sample and at ``BATCH``, and kept there."""
-    path = None if cache is None else \
-        cache / FOLDER / f"{_key(capture, int8, digest, runs=sorted(names), **_layout(capture, names))}.json"
+    key = _key(capture, int8, digest, runs=sorted(names), **_layout(capture, names))
+    path = None if cache is None else cache / FOLDER / f"{key}.json"
     found = _read(path)
     if found is not None and isinstance(found.get("seconds"), dict):
         return {name: float(v) for name, v in found["seconds"].items()}
