@@ -87,7 +87,7 @@ def test_auto_on_cuda_weighs_float16_against_float32_as_measured(
                 if "seconds" in json.loads(p.read_text())]
     assert set(times) == {"float32 torch", *halves}  # no ONNX Runtime units on CUDA
     best = min(halves, key=times.__getitem__)
-    if times["float32 torch"] / times[best] >= MIN_SPEEDUP:
+    if round(times["float32 torch"] / times[best], 3) >= MIN_SPEEDUP:  # as auto rounds it
         assert chosen.name == best and chosen.speedup > 0
     else:
         assert chosen.name == "float32" and f"{best} ran" in chosen.why
