@@ -42,7 +42,7 @@ from core.runtimes.onnxrt import unavailable
 from core.tree import Layer
 from core.units import MODULE_GATE, Capture
 from planner.calibration import Calibration, read_calibration
-from planner.precision_half import fastest, in_half, native
+from planner.precision_half import asked, fastest
 from planner.precision_speed import MIN_SPEEDUP, keeps_int8, measured_speedup
 
 log = logging.getLogger("vbs.plan")
@@ -88,34 +88,12 @@ def with_precision(capture: Capture, choice: str, calibration: Path | None,
             FLOAT, why="auto: no calibration samples (--calibration DIR), so float32"))
     samples = read_calibration(calibration, capture.model.spec.name, capture.input_shape)
     if choice in HALF:
-        return _half(capture, choice, samples, max_error)
+        return asked(capture, choice, samples, max_error)
     int8 = _int8(capture, choice, samples, max_error, cache)
     if choice == AUTO and capture.model.spec.dtype == FLOAT32:  # the half precisions weighed
         return fastest(capture, int8.capture, int8.graphs, int8.mixed, samples, max_error,
                        cache)
     return int8.capture
-
-
-# what a device lacks where torch only emulates a half precision's kernels
-_KERNELS = {("cpu", "bfloat16"): "AVX512-BF16 or AMX",
-            ("cpu", "float16"): "AVX512-FP16 or AMX-FP16",
-            ("cuda", "bfloat16"): "compute capability 8.0 or newer"}
-
-
-def _half(capture: Capture, dtype: str, samples: Calibration, max_error: float) -> Capture:
-    """``--precision bfloat16|float16``: the model captured again at ``dtype`` where its guard
-    held (saying so where the device only emulates its kernels), else float32 saying why."""
-    half = in_half(capture, samples, max_error, dtype)
-    if not half.kept:
-        return replace(capture, precision=replace(half.capture.precision, dtype=FLOAT32,
-                                                  why=f"{half.why}: float32"))
-    if not native(capture.model.device, dtype):
-        kernels = _KERNELS.get((capture.model.device.type, dtype), "its kernels")
-        return replace(half.capture, precision=replace(
-            half.capture.precision, why=f"{half.why}; this device has no {dtype} kernels "
-                                        f"({kernels}): torch emulates them, slower than "
-                                        "float32"))
-    return half.capture
 
 
 @dataclass(frozen=True)

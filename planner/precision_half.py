@@ -62,6 +62,12 @@ def native(device: torch.device, dtype: str) -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
 
 
+# what a device lacks where torch only emulates a half precision's kernels (``native``'s checks)
+_KERNELS = {("cpu", "bfloat16"): "AVX512-BF16 or AMX",
+            ("cpu", "float16"): "AVX512-FP16 or AMX-FP16",
+            ("cuda", "bfloat16"): "compute capability 8.0 or newer"}
+
+
 def natives(device: torch.device) -> tuple[str, ...]:
     """The half precisions ``device`` has kernels of (what `auto` weighs there)."""
     return tuple(d for d in HALF if native(device, d))
@@ -89,6 +95,22 @@ def in_half(capture: Capture, samples: Calibration, max_error: float, dtype: str
     precision = Precision((), samples.digest, agree, error, len(x), max_error, why,
                           dtype=dtype)
     return Candidate(replace(half, precision=precision, held_out=samples.held_out), kept, why)
+
+
+def asked(capture: Capture, dtype: str, samples: Calibration, max_error: float) -> Capture:
+    """``--precision bfloat16|float16``: the model captured again at ``dtype`` where its guard
+    held (saying so where the device only emulates its kernels), else float32 saying why."""
+    half = in_half(capture, samples, max_error, dtype)
+    if not half.kept:
+        return replace(capture, precision=replace(half.capture.precision, dtype=FLOAT32,
+                                                  why=f"{half.why}: float32"))
+    if not native(capture.model.device, dtype):
+        kernels = _KERNELS.get((capture.model.device.type, dtype), "its kernels")
+        return replace(half.capture, precision=replace(
+            half.capture.precision, why=f"{half.why}; this device has no {dtype} kernels "
+                                        f"({kernels}): torch emulates them, slower than "
+                                        "float32"))
+    return half.capture
 
 
 def fastest(float32: Capture, int8: Capture, graphs: UnitGraphs | None,
@@ -180,4 +202,4 @@ def _composed(graphs: UnitGraphs) -> onnx.ModelProto | None:
         return None
 
 
-__all__ = ["Candidate", "fastest", "in_half", "native", "natives"]
+__all__ = ["Candidate", "asked", "fastest", "in_half", "native", "natives"]
