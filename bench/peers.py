@@ -3,7 +3,7 @@ Triton, eager and with ONNX Runtime, one at a time.
 
     .venv-peers/bin/python bench/peers.py --model mobilenet_v2 [--clients 1,8] [--duration 20]
         [--warmup 5] [--rounds 2] [--batch-sizes 1,8,16] [--only vbs,triton-ort-8]
-        [--protocol http|grpc] [--json OUT] [--int8 MODEL-int8.onnx] [--bf16 CALIBRATION]
+        [--protocol http|grpc] [--json OUT] [--int8 MODEL-int8.onnx] [--bf16 CALIBRATION] [--f16 CALIBRATION]
 
 Needs the optional extra, in a venv of its own (nvidia-pytriton pins numpy<2, which pip then
 picks): ``python3 -m venv .venv-peers && .venv-peers/bin/pip install torch==2.14.1
@@ -45,6 +45,8 @@ peer's largest batch, tried for each of ``--batch-sizes`` (the tuning):
   (``VBS_PRECISION=bfloat16``, ``VBS_CALIBRATION=DIR``), its tables planned beforehand under
   the alias ``MODEL-bf16`` (`vbs plan --model MODEL-bf16=MODEL --precision bfloat16
   --calibration DIR`).
+- ``vbs-f16`` (with ``--f16 DIR``): the same in float16 (``MODEL-f16``, ``--precision
+  float16``).
 
 With ``--protocol grpc`` the same clients call the Open Inference Protocol's ``ModelInfer``
 over gRPC instead (``loadgen.loadtest_grpc``: the sample as raw tensor bytes, as Triton's
@@ -85,6 +87,8 @@ FAMILIES = {"ray": ("ray", "torch"), "lit": ("lit", "torch"), "lit-ort": ("lit",
             "triton-ort-int8": ("triton", "ort-int8")}
 INT8 = ("vbs-int8", "triton-ort-int8")  # configurations of the int8 model (``--int8``)
 BF16 = "vbs-bf16"  # the model in bfloat16 (``--bf16``)
+F16 = "vbs-f16"  # the model in float16 (``--f16``)
+HALVES = {BF16: "bfloat16", F16: "float16"}  # configuration -> the dtype it serves
 GRPC = {"vbs", "triton"}  # the servers that speak OIP v2 over gRPC
 
 
@@ -187,7 +191,7 @@ def serve_triton(model: str, ports: tuple[int, int], batch: int, wait_s: float, 
     """Triton on ``ports`` (HTTP, gRPC), its metrics on a free port, all on 127.0.0.1."""
     from peers_triton import serve
 
-    serve(model, shape, runtime, (*ports, free_port()), batch, wait_s, threads, onnx, spin)
+    serve(model, shape, runtime, (*ports, free_port(*ports)), batch, wait_s, threads, onnx, spin)
 
 
 # -- the orchestration ---------------------------------------------------------------------
@@ -213,11 +217,12 @@ def start(kind: str, args: argparse.Namespace, port: int, grpc_port: int
     """Start one server, its gRPC on ``grpc_port`` where it has one (0: off); (process, path to
     POST to, request format)."""
     env = {**os.environ, "VBS_CACHE_DIR": args.cache_dir}
-    if kind in ("vbs", "vbs-int8", BF16):
+    if kind in ("vbs", "vbs-int8", *HALVES):
         vbs = Path(sys.executable).with_name("vbs")
         entry = args.model if kind == "vbs" else f"{served_name(kind, args.model)}={args.model}"
-        if kind == BF16:
-            env.update(VBS_PRECISION="bfloat16", VBS_CALIBRATION=args.bf16)
+        if kind in HALVES:
+            env.update(VBS_PRECISION=HALVES[kind],
+                       VBS_CALIBRATION=args.bf16 if kind == BF16 else args.f16)
         process = subprocess.Popen(
             [str(vbs), "serve", "--grpc-port", str(grpc_port), "--model", entry, "--store",
              args.store, "--batch-max", str(args.batch_max), "--port", str(port),
@@ -239,7 +244,7 @@ def start(kind: str, args: argparse.Namespace, port: int, grpc_port: int
         onnx, runtime = args.int8, "ort"
     process = subprocess.Popen(
         [sys.executable, __file__, f"serve-{peer}", "--model", args.model, "--port", str(port),
-         "--grpc-port", str(grpc_port or free_port()), "--batch", str(batch), "--wait", str(wait), "--threads", str(args.threads),
+         "--grpc-port", str(grpc_port or free_port(port)), "--batch", str(batch), "--wait", str(wait), "--threads", str(args.threads),
          "--runtime", runtime, "--onnx", onnx, "--shape", ",".join(map(str, args.shape)),
          *(["--spin"] if spin else [])],
         env=env, start_new_session=True)
@@ -260,18 +265,21 @@ def parse_config(kind: str) -> tuple[str, str, int]:
 
 
 def configs(sizes: list[int], protocol: str = "http", int8: bool = False,
-            bf16: bool = False) -> list[str]:
+            bf16: bool = False, f16: bool = False) -> list[str]:
     """Every configuration that speaks ``protocol``: vbs, then each peer and runtime at each
-    batch size (those of the int8 model with ``int8``, vbs in bfloat16 with ``bf16``)."""
-    every = ["vbs", "vbs-int8", BF16, *[f"{family}-{b}" for family, (peer, _) in FAMILIES.items()
+    batch size (those of the int8 model with ``int8``, vbs in bfloat16 with ``bf16``, in
+    float16 with ``f16``)."""
+    every = ["vbs", "vbs-int8", BF16, F16, *[f"{family}-{b}" for family, (peer, _) in FAMILIES.items()
                                         for b in sizes if protocol == "http" or peer in GRPC]]
-    return [c for c in every if (int8 or not c.startswith(INT8)) and (bf16 or c != BF16)]
+    return [c for c in every if (int8 or not c.startswith(INT8)) and (bf16 or c != BF16)
+            and (f16 or c != F16)]
 
 
 def served_name(config: str, model: str) -> str:
-    """The model name a configuration's requests carry (vbs-int8 and vbs-bf16 serve an
-    alias)."""
-    return {"vbs-int8": f"{model}-int8", BF16: f"{model}-bf16"}.get(config, model)
+    """The model name a configuration's requests carry (vbs-int8, vbs-bf16 and vbs-f16
+    serve an alias)."""
+    return {"vbs-int8": f"{model}-int8", BF16: f"{model}-bf16", F16: f"{model}-f16"
+            }.get(config, model)
 
 
 def onnx_path(args: argparse.Namespace) -> Path:
@@ -327,6 +335,9 @@ def main() -> None:
     ap.add_argument("--bf16", metavar="DIR",
                     help="calibration samples the bfloat16 model was planned with: adds "
                          "vbs-bf16 (its tables planned in --store as MODEL-bf16)")
+    ap.add_argument("--f16", metavar="DIR",
+                    help="calibration samples the float16 model was planned with: adds "
+                         "vbs-f16 (its tables planned in --store as MODEL-f16)")
     args = ap.parse_args()
     args.threads = args.threads or os.cpu_count() or 1
     if args.command == "serve-ray":
@@ -353,7 +364,8 @@ def bench(args: argparse.Namespace) -> None:
 
     clients = [int(c) for c in args.clients.split(",")]
     sizes = [int(b) for b in args.batch_sizes.split(",")]
-    chosen = configs(sizes, args.protocol, bool(args.int8), bool(args.bf16))
+    chosen = configs(sizes, args.protocol, bool(args.int8), bool(args.bf16),
+                     bool(args.f16))
     if args.only:
         unknown = set(args.only.split(",")) - set(chosen)
         if unknown:
@@ -366,7 +378,8 @@ def bench(args: argparse.Namespace) -> None:
     print("|---|---|---|---|---|---|---|")
     for k in range(1, args.rounds + 1):
         for config in chosen:
-            port, grpc_port = free_port(), free_port() if args.protocol == "grpc" else 0
+            port = free_port()
+            grpc_port = free_port(port) if args.protocol == "grpc" else 0
             try:
                 process, path, fmt = start(config, args, port, grpc_port)
             except SystemExit as exc:  # one server that will not start does not end the bench
@@ -419,7 +432,7 @@ def summarize(results: list[dict[str, Any]], clients: int) -> None:
         top = max(tuned.values(), key=worse.get)  # type: ignore[arg-type]
         print(f"{clients} clients: vbs {worse['vbs']:.1f} samples/s (worse round) against the "
               f"best tuned peer {top} {worse[top]:.1f}: {worse['vbs'] / worse[top]:.2f}x")
-    for mine in ("vbs-int8", BF16):
+    for mine in ("vbs-int8", *HALVES):
         if mine not in worse:
             continue
         rivals = [cfg for cfg in ("vbs", "vbs-int8", tuned.get("triton-ort"),

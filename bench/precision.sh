@@ -8,7 +8,8 @@
 #   BATCH (the largest batch of every server), CLIENTS, ROUNDS, DURATION and MAX_ERROR (the
 #   guard's bound, default 0.01) override; PRECISION=int8 plans the int8 model in int8 even
 #   where auto measures int8 slower here and stays float32 (then its export is float32 too);
-#   BF16=1 also plans and serves the model in bfloat16 on torch (MODEL-bf16, vbs-bf16)
+#   BF16=1 also plans and serves the model in bfloat16 on torch (MODEL-bf16, vbs-bf16), F16=1
+#   in float16 (MODEL-f16, vbs-f16)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=${1:-/tmp/vbs-precision}
@@ -26,15 +27,18 @@ for model in "${models[@]}"; do
     --max-error "${MAX_ERROR:-0.01}" --store "$store" --batch-max "$batch" --replan --quiet
   "$py" bench/int8_export.py --store "$store" --served "$model-int8" --model "$model" \
     --out "$work/$model-int8.onnx"
-  bf16=()
-  if [[ -n "${BF16:-}" ]]; then
-    "$vbs" plan --model "$model-bf16=$model" --precision bfloat16 --calibration "$work/$model-calibration" \
+  halves=()
+  only=vbs,vbs-int8
+  for half in ${BF16:+bf16} ${F16:+f16}; do
+    dtype=$([[ $half == bf16 ]] && echo bfloat16 || echo float16)
+    "$vbs" plan --model "$model-$half=$model" --precision "$dtype" --calibration "$work/$model-calibration" \
       --max-error "${MAX_ERROR:-0.01}" --store "$store" --batch-max "$batch" --replan --quiet
-    bf16=(--bf16 "$work/$model-calibration")
-  fi
+    halves+=(--"$half" "$work/$model-calibration")
+    only+=,vbs-$half
+  done
   "$py" bench/peers.py --model "$model" --store "$store" --batch-max "$batch" \
     --clients "${CLIENTS:-8}" --duration "${DURATION:-20}" --warmup 5 --rounds "${ROUNDS:-2}" \
-    --batch-sizes "$batch" --int8 "$work/$model-int8.onnx" "${bf16[@]}" \
-    --only "vbs,vbs-int8${BF16:+,vbs-bf16},triton-ort-spin-$batch,triton-ort-$batch,triton-ort-int8-$batch" \
+    --batch-sizes "$batch" --int8 "$work/$model-int8.onnx" "${halves[@]}" \
+    --only "$only,triton-ort-spin-$batch,triton-ort-$batch,triton-ort-int8-$batch" \
     --json "$work/$model-peers.json"
 done

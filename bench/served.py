@@ -41,10 +41,15 @@ def stat_cpu(path: str) -> tuple[str, float]:
     return head[head.index("(") + 1:], (int(fields[11]) + int(fields[12])) / TICK
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+def free_port(*taken: int) -> int:
+    """A port free on 127.0.0.1 now, none of ``taken`` (ports chosen for the same server but
+    not bound yet, which the kernel may hand out again)."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if port not in taken:
+            return port
 
 
 def npy(x: np.ndarray) -> bytes:

@@ -1,11 +1,12 @@
-"""torch in float32 and in bfloat16, the model's own call against its units run one by one as
-the executor's torch steps run them (``core.runner.run_node``), per sample, interleaved rounds.
+"""torch in float32 and in a half precision (bfloat16, or float16 with ``--dtype``), the model's
+own call against its units run one by one as the executor's torch steps run them
+(``core.runner.run_node``), per sample, interleaved rounds.
 
-    .venv/bin/python bench/torch_bf16.py --model resnet50 [--batch 1,8] [--rounds 5]
+    .venv/bin/python bench/torch_bf16.py --model resnet50 [--dtype float16] [--batch 1,8] [--rounds 5]
 
 What `--precision bfloat16` serves is "bfloat16 units": where it is far slower than
 "bfloat16 model(x)", the gap is what running the model unit by unit costs torch in bfloat16
-(docs/benchmarks.md, section 13, "bfloat16"). bfloat16 runs channels_last on the CPU
+(docs/benchmarks.md, section 13, "bfloat16"). A half precision runs channels_last on the CPU
 (``planner.models.channels_last``); "bfloat16 NCHW" is the same model captured in the layout it
 ran in before, timed in the same rounds.
 """
@@ -28,6 +29,7 @@ from core.spec import ModelSpec  # noqa: E402
 from core.units import MODULE_GATE  # noqa: E402
 from planner.graph.capture import capture  # noqa: E402
 from planner.models import load_model  # noqa: E402
+from planner.precision_half import native  # noqa: E402
 
 
 def main() -> None:
@@ -35,15 +37,15 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--batch", default="1,8")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
     args = ap.parse_args()
+    half = args.dtype
     caps = {dtype: capture(load_model(ModelSpec(args.model, dtype=dtype)))
-            for dtype in ("float32", "bfloat16")}
-    if caps["bfloat16"].model.channels_last:
-        caps["bfloat16 NCHW"] = capture(_contiguous(load_model(ModelSpec(args.model,
-                                                                         dtype="bfloat16"))))
-    print(f"{args.model}, {torch.get_num_threads()} threads, bfloat16 kernels: "
-          f"{torch.ops.mkldnn._is_mkldnn_bf16_supported()}; ms a sample (median of "
-          f"{args.rounds} rounds)")
+            for dtype in ("float32", half)}
+    if caps[half].model.channels_last:
+        caps[f"{half} NCHW"] = capture(_contiguous(load_model(ModelSpec(args.model, dtype=half))))
+    print(f"{args.model}, {torch.get_num_threads()} threads, {half} kernels: "
+          f"{native(torch.device('cpu'), half)}; ms a sample (median of {args.rounds} rounds)")
     for b in (int(v) for v in args.batch.split(",")):
         runs = {}
         for dtype, cap in caps.items():
@@ -60,10 +62,15 @@ def main() -> None:
                         seen[name].append(time.perf_counter() - t0)
         print(f"  {b} samples: " + ", ".join(
             f"{name} {1e3 * statistics.median(v) / b:.2f}" for name, v in seen.items()))
+    x = caps["float32"].model.example(2, seed=7)
+    with torch.inference_mode(), MODULE_GATE.running():  # a half's range: under- or overflow
+        print("  largest |output| of 2 samples: " + ", ".join(
+            f"{dtype} {float(cap.model.module(x.to(cap.model.torch_dtype)).abs().max()):.3g}"
+            for dtype, cap in caps.items()))
 
 
 def _contiguous(model: LoadedModel) -> LoadedModel:
-    """``model`` put back in the default layout (NCHW), as bfloat16 ran before."""
+    """``model`` put back in the default layout (NCHW), as a half precision ran before."""
     model.module.to(memory_format=torch.contiguous_format)
     return replace(model, channels_last=False)
 

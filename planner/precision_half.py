@@ -119,7 +119,8 @@ def fastest(float32: Capture, int8: Capture, graphs: UnitGraphs | None,
     """`auto`'s choice: the half precision (of those the device runs natively) that measured
     the fastest of float32 (ONNX Runtime's whole graph ``graphs`` where it composes, and
     torch's), the int8 units kept (``mixed``) and the half precisions, by at least
-    ``MIN_SPEEDUP`` over float32, and its guard held; else ``int8`` (the int8 choice, which may
+    ``MIN_SPEEDUP`` over float32, and its guard held (where the fastest half's guard failed,
+    the next that qualifies is guarded in its place); else ``int8`` (the int8 choice, which may
     be float32), its ``why`` saying what the half precisions measured. The model is captured
     at a half precision only to be timed (once per machine: the times are cached) and where it
     won; a worker that reads the times from the cache and finds int8 faster does neither."""
@@ -147,26 +148,41 @@ def fastest(float32: Capture, int8: Capture, graphs: UnitGraphs | None,
     names = ("float32 torch", *halves, *(n for n, g in composes.items() if g is not None))
     seconds = measured_times(float32, names, runs, int8.precision.int8, samples.digest,
                              samples.fit, cache)
-    best = min(halves, key=seconds.__getitem__)
+    return _first_guarded(float32, int8, seconds, halves, half, samples, max_error)
+
+
+def _first_guarded(float32: Capture, int8: Capture, seconds: dict[str, float],
+                   halves: tuple[str, ...], half: Callable[[str], Capture],
+                   samples: Calibration, max_error: float) -> Capture:
+    """The fastest of ``halves`` that beat every other candidate in ``seconds`` and float32 by
+    ``MIN_SPEEDUP`` and whose guard held; a faster one the guard refused (float16's narrow
+    range, say) gives way to the next. Else ``int8``, saying why."""
     best_float = min(v for k, v in seconds.items() if k.startswith("float32"))
-    speedup = round(best_float / seconds[best], 3)
     rivals = {k: v for k, v in seconds.items() if k not in halves}
     rival = min(rivals, key=rivals.__getitem__)
     measured = ", ".join(f"{k} {1e3 * v:.2f}" for k, v in sorted(seconds.items()))
-    if rivals[rival] <= seconds[best]:
-        return _noted(int8, f"{best} ran {speedup:.2f}x float32's speed, {rival} faster "
-                            f"(ms a sample: {measured})")
-    if speedup < MIN_SPEEDUP:
-        return _noted(int8, f"{best} ran {speedup:.2f}x float32's speed, below the "
-                            f"{MIN_SPEEDUP:g}x wanted (ms a sample: {measured})")
-    guarded = in_half(float32, samples, max_error, best, half(best))
-    if not guarded.kept:
-        return _noted(int8, guarded.why)
-    why = (f"auto: {best} ran {speedup:.2f}x float32's speed here, the fastest "
-           f"(ms a sample: {measured}); {guarded.why}")
-    log.info("%s: %s", float32.model.spec.name, why)
-    return replace(guarded.capture, precision=replace(guarded.capture.precision, why=why,
-                                                      speedup=speedup))
+    notes: list[str] = []
+    for dtype in sorted(halves, key=seconds.__getitem__):
+        speedup = round(best_float / seconds[dtype], 3)
+        if rivals[rival] <= seconds[dtype]:
+            notes.append(f"{dtype} ran {speedup:.2f}x float32's speed, {rival} faster "
+                         f"(ms a sample: {measured})")
+            break
+        if speedup < MIN_SPEEDUP:
+            notes.append(f"{dtype} ran {speedup:.2f}x float32's speed, below the "
+                         f"{MIN_SPEEDUP:g}x wanted (ms a sample: {measured})")
+            break
+        guarded = in_half(float32, samples, max_error, dtype, half(dtype))
+        if not guarded.kept:
+            notes.append(guarded.why)
+            continue
+        why = (f"auto: {dtype} ran {speedup:.2f}x float32's speed here, the fastest"
+               f"{' guarded' if notes else ''} (ms a sample: {measured}); {guarded.why}"
+               + "".join(f"; {n}" for n in notes))
+        log.info("%s: %s", float32.model.spec.name, why)
+        return replace(guarded.capture, precision=replace(guarded.capture.precision, why=why,
+                                                          speedup=speedup))
+    return _noted(int8, "; ".join(notes))
 
 
 def _noted(chosen: Capture, note: str) -> Capture:

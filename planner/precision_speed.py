@@ -31,7 +31,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from core.precision import BFLOAT16
+from core.precision import HALF
 from core.runtimes.onnx_compose import CannotCompose, UnitGraphs
 from core.runtimes.ort_sessions import session_options
 from core.tree import node_to_json
@@ -88,10 +88,12 @@ def measured_times(capture: Capture, names: tuple[str, ...],
 
 
 def _layout(capture: Capture, names: tuple[str, ...]) -> dict[str, str]:
-    """What the key says of bfloat16's layout, where it is timed on the CPU (channels_last
-    since it runs so: ``planner.models.channels_last``; times of before are not its)."""
-    cpu = capture.model.device.type == "cpu"
-    return {"bfloat16_layout": "channels_last"} if cpu and BFLOAT16 in names else {}
+    """What the key says of a half precision's layout, where it is timed on the CPU
+    (channels_last since it runs so: ``planner.models.channels_last``; times of before are
+    not its)."""
+    if capture.model.device.type != "cpu":
+        return {}
+    return {f"{dtype}_layout": "channels_last" for dtype in HALF if dtype in names}
 
 
 def _read(path: Path | None) -> dict | None:

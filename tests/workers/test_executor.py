@@ -208,13 +208,15 @@ def test_bfloat16_outputs_within_tolerance() -> None:
     _check(worker, 3, max(_smallest(worker), worker.table.top_bytes // 2))
 
 
-def test_bfloat16_on_the_cpu_runs_channels_last_where_the_model_takes_it() -> None:
-    """oneDNN's bfloat16 kernels take NHWC: a bfloat16 model of images on the CPU is loaded
-    channels_last (its convolutions' weights, so their outputs, the capture's units and the
-    executor's buffers), which its profile's fingerprint says; float32 stays NCHW, and a model
-    whose forward cannot take the layout runs as it was."""
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_half_precision_on_the_cpu_runs_channels_last_where_the_model_takes_it(
+        dtype: str) -> None:
+    """oneDNN's bfloat16 and float16 kernels take NHWC: a half-precision model of images on the
+    CPU is loaded channels_last (its convolutions' weights, so their outputs, the capture's
+    units and the executor's buffers), which its profile's fingerprint says; float32 stays
+    NCHW, and a model whose forward cannot take the layout runs as it was."""
     shape = (3, 32, 32)
-    bf = load_model(ModelSpec("resnet18", input_shape=shape, dtype="bfloat16"))
+    bf = load_model(ModelSpec("resnet18", input_shape=shape, dtype=dtype))
     assert bf.channels_last
     conv = bf.module.conv1.weight
     assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
@@ -229,7 +231,7 @@ def test_bfloat16_on_the_cpu_runs_channels_last_where_the_model_takes_it() -> No
     f32 = load_model(ModelSpec("resnet18", input_shape=shape))
     assert not f32.channels_last and f32.module.conv1.weight.is_contiguous()
     viewed = load_model(ModelSpec("tests.planner.factories:flattens_by_view",
-                                  input_shape=(3, 8, 8), dtype="bfloat16"))
+                                  input_shape=(3, 8, 8), dtype=dtype))
     assert not viewed.channels_last and viewed.module.conv.weight.is_contiguous()
     with torch.inference_mode():
         assert viewed.module(viewed.example(2)).shape == (2, 3)

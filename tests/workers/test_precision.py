@@ -341,6 +341,56 @@ def test_auto_takes_a_half_precision_only_where_it_measured_fastest(
         cap.model.device, FLOAT16)  # where torch only emulates them, it says so
 
 
+def test_auto_guards_the_next_half_precision_where_the_fastest_one_moved_the_answer(
+        tmp_path: Path, trained: tuple[Path, Path, np.ndarray, np.ndarray],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """float16's range ends at 65504: the digits CNN with its last layer scaled by 1e5 gives
+    logits that overflow to inf in float16, and its top-1 moves, while bfloat16 (float32's
+    range) keeps it (random-weight mobilenet_v2 underflows the other end: docs/benchmarks.md,
+    section 13). Where float16 measured the fastest half, `auto` guards it, the guard
+    refuses it, and the next half that qualifies, bfloat16, is guarded in its place and served,
+    its ``why`` saying what float16 did. The times and the device's kernels are set as in the
+    test above; the guard runs for real."""
+    import json
+
+    import planner.precision_half as half_module
+    from core.precision import BFLOAT16, FLOAT16
+    from planner.graph.capture import capture
+    from planner.models import load_model
+    from planner.precision import with_precision
+    from planner.precision_speed import FOLDER
+
+    weights, folder, _, _ = trained
+    state = torch.load(weights)
+    last = max(int(k.split(".")[0]) for k in state)  # the last Linear's index
+    for part in ("weight", "bias"):
+        state[f"{last}.{part}"] = state[f"{last}.{part}"] * 1e5
+    scaled = tmp_path / "scaled.pt"
+    torch.save(state, scaled)
+    cap = capture(load_model(ModelSpec(NAME, input_shape=SHAPE, weights=scaled)))
+    cache = tmp_path / "cache"
+    f16 = with_precision(cap, "float16", folder, 0.05, cache).precision
+    assert f16.name == "float32" and "float16 moved top-1" in f16.why  # the overflow, for real
+    assert with_precision(cap, "bfloat16", folder, 0.05, cache).precision.name == BFLOAT16
+
+    monkeypatch.setattr(half_module, "natives", lambda device: (BFLOAT16, FLOAT16))
+    with_precision(cap, "auto", folder, 0.05, cache)
+    (times,) = [p for p in (cache / FOLDER).iterdir() if "seconds" in json.loads(p.read_text())]
+    names = json.loads(times.read_text())["seconds"]
+    set_to = {FLOAT16: 1.0, BFLOAT16: 2.0, "int8": 3.0}
+    times.write_text(json.dumps({"seconds": {n: set_to.get(n, 4.0) for n in names}}))
+    chosen = with_precision(cap, "auto", folder, 0.05, cache)
+    assert chosen.precision.name == BFLOAT16 and chosen.model.torch_dtype == torch.bfloat16
+    assert chosen.precision.speedup == 2.0 and "the fastest guarded" in chosen.precision.why
+    assert "float16 moved top-1" in chosen.precision.why
+
+    set_to[BFLOAT16] = 3.9  # bfloat16 below MIN_SPEEDUP (or int8 faster): auto says why
+    times.write_text(json.dumps({"seconds": {n: set_to.get(n, 4.0) for n in names}}))
+    kept = with_precision(cap, "auto", folder, 0.05, cache).precision
+    assert kept.name in ("int8", "float32") and "float16 moved top-1" in kept.why
+    assert "bfloat16 ran" in kept.why
+
+
 def test_a_relu_between_int8_units_lets_onnx_runtime_run_the_join_before_it_in_int8(
         tmp_path: Path) -> None:
     """A weightless ReLU unit after a residual add, between int8 units: quantized at its
