@@ -269,8 +269,9 @@ def configs(sizes: list[int], protocol: str = "http", int8: bool = False,
     """Every configuration that speaks ``protocol``: vbs, then each peer and runtime at each
     batch size (those of the int8 model with ``int8``, vbs in bfloat16 with ``bf16``, in
     float16 with ``f16``)."""
-    every = ["vbs", "vbs-int8", BF16, F16, *[f"{family}-{b}" for family, (peer, _) in FAMILIES.items()
-                                        for b in sizes if protocol == "http" or peer in GRPC]]
+    every = ["vbs", "vbs-int8", BF16, F16,
+             *[f"{family}-{b}" for family, (peer, _) in FAMILIES.items() for b in sizes
+               if protocol == "http" or peer in GRPC]]
     return [c for c in every if (int8 or not c.startswith(INT8)) and (bf16 or c != BF16)
             and (f16 or c != F16)]
 
