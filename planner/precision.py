@@ -48,6 +48,10 @@ from planner.precision_speed import MIN_SPEEDUP, keeps_int8, measured_speedup
 log = logging.getLogger("vbs.plan")
 
 CHUNK = 8  # calibration samples per batch the calibrator reads
+# a BatchNormalization's scale per channel along its only axis: the quantizer's default axis
+# for normalizations is 1, out of range for BN's 1-d scale, so it warned once per BN and
+# quantized the scale per tensor (densenet161's pre-activation BNs, 82 of them)
+EXTRA = {"QDQOpTypePerChannelSupportToAxis": {"BatchNormalization": 0}}
 MIN_WEIGHT = 64  # elements: a unit with no int8 weight this large gains nothing from QDQ...
 # ... except a weightless ReLU between int8 units: ONNX Runtime's quantizer leaves it float32,
 # so the tensors around it went back to float32 and, before it, a block's join too (resnet50's
@@ -193,7 +197,7 @@ def _quantize(graph: onnx.ModelProto, inputs: np.ndarray, work: Path) -> onnx.Mo
     try:
         quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ,
                         per_channel=True, activation_type=QuantType.QUInt8,
-                        weight_type=QuantType.QInt8)
+                        weight_type=QuantType.QInt8, extra_options=EXTRA)
     except Exception as exc:  # noqa: BLE001 - the quantizer's failure: the unit stays float32
         log.info("a unit stays float32: its graph does not quantize (%s)", exc)
         return None

@@ -239,14 +239,15 @@ def test_a_request_that_cannot_wait_long_enough_gets_503_with_retry_after(
             gate.remove()
             assert (await held).status_code in (200, 504)  # its own timeout passed meanwhile
             # a idle now: a retry starts b's load in a's place, which goes on when the retry
-            # itself gives up (its 1 s may not hold the load on a busy machine); a client
-            # retrying as told gets its answer
+            # itself gives up (its 1 s may not hold the load on a busy machine: 503 while b
+            # loads, or 504 where it got in line with too little of its second left); a
+            # client retrying as told gets its answer
             for _ in range(30):
                 r = await client.post("/v2/models/b/infer", json=v2(x_()))
-                if r.status_code != 503:
+                if r.status_code not in (503, 504):
                     break
-                assert_error(r, 503, "model b", "request_timeout_s")
-                await asyncio.sleep(int(r.headers["retry-after"]))
+                assert_error(r, r.status_code, "model b", "request_timeout_s", "retry")
+                await asyncio.sleep(int(r.headers.get("retry-after", 1)))
             assert r.status_code == 200, r.text
             assert states(app) == {"a": "unloaded", "b": "ready"}
 
