@@ -16,7 +16,7 @@ def test_each_candidate_is_timed_at_every_served_batch_size_and_priced_per_sampl
         monkeypatch: pytest.MonkeyPatch) -> None:
     now = [0.0]
     monkeypatch.setattr(speed, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
-    # ms a call: "flat" pays the same per sample at every size; "batched" gains at 4 only,
+    # seconds a call: "flat" pays the same per sample at every size; "batched" gains at 4 only,
     # which timing 1 and 8 alone cannot see
     per_call = {"flat": lambda b: 0.010 * b, "batched": lambda b: 0.005 * b if b == 4
                 else 0.0105 * b}
@@ -29,7 +29,7 @@ def test_each_candidate_is_timed_at_every_served_batch_size_and_priced_per_sampl
         return call
 
     seconds, by_size = speed._per_sample({n: run(n) for n in per_call},
-                                np.zeros((1, 3, 4, 4), np.float32))
+                                         np.zeros((1, 3, 4, 4), np.float32))
     assert speed.SIZES == (1, 2, 4, speed.BATCH) and speed.BATCH == 8
     for name in per_call:  # warm-up and measured rounds, every size in each
         assert sorted(set(calls[name])) == list(speed.SIZES)
