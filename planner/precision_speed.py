@@ -126,9 +126,8 @@ def _key(capture: Capture, int8: tuple[str, ...], digest: str, **more: object) -
     key = {"tree": node_to_json(capture.tree, measured=False), "model": capture.model.spec.name,
            "input_shape": list(capture.input_shape), "int8": sorted(int8),
            "calibration": digest, "device": device_name(capture.model.device),
-           "onnxruntime": ort.__version__, "batch": BATCH, "rounds": ROUNDS, **more}
-    if SIZES != (1, BATCH):  # what every verdict of before was timed at
-        key["sizes"] = list(SIZES)
+           "onnxruntime": ort.__version__, "batch": BATCH, "sizes": list(SIZES),
+           "rounds": ROUNDS, **more}
     if more:  # torch's kernels are timed too
         key["torch"] = torch.__version__
     blob = json.dumps(key, sort_keys=True, separators=(",", ":")).encode()
