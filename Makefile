@@ -1,7 +1,8 @@
 # Two commands on a fresh machine:  `make run` (set up, then serve a model on CPU)
-# and `make test` (set up, then the whole test suite, the service and store tests against the
-# lowest allowed releases and the GPU run rehearsed on the CPU). Everything they need is
-# installed here. `make gpu` is the GPU run itself (docs/gpu.md).
+# and `make test` (set up, then the test suite but its slow cases, the service and store tests
+# against the lowest allowed releases and the GPU run's cheap steps rehearsed on the CPU).
+# Everything they need is installed here. `make test-full` adds the slow cases and every step of
+# the rehearsal; `make gpu` is the GPU run itself (docs/gpu.md).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -13,14 +14,15 @@ PORT   ?= 8000
 # uvicorn, grpcio and protobuf (.ci/lowest.py reads the floors), in a second venv whose .pth adds
 # the main venv's packages after its own: everything else (torch included) comes from the main venv.
 # The tests run there are those that reach these libraries (the store, the HTTP and gRPC edges,
-# settings, the fast path); the memory, many-models, lean-worker and first-start tests, which
-# reach only our own code above them, run once, in the main venv.
+# settings, the fast path); the memory, many-models, lean-worker, first-start, residency and
+# precision tests, which reach only our own code above them, run once, in the main venv.
 LOWEST  ?= .venv-lowest
 LOWEST_STAMP = $(LOWEST)/.installed
 LOWEST_TESTS = tests/planner/test_store_contract.py tests/planner/test_store_errors.py \
                tests/planner/test_corrupt_data.py tests/service tests/loadgen \
                $(addprefix --deselect tests/service/,test_shutdown.py test_memory_limit.py \
-                 test_many_models.py test_lean.py test_memory.py test_first_start.py)
+                 test_many_models.py test_lean.py test_memory.py test_first_start.py \
+                 test_lean_default.py test_residency.py test_precision_served.py)
 
 # The GPU run (bench/gpu/, docs/gpu.md): DEVICE=cuda on the GPU machine, whose own Python gets
 # the carried wheels (.gpu-wheels/cp312, `make gpu-wheels` here); DEVICE=cpu QUICK=1 rehearses
@@ -34,26 +36,33 @@ GPU_DEADLINE_S ?= 540
 GPU_PY_VERSION ?= 3.12
 HERE_PY_VERSION = $$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 
-.PHONY: run test test-compute test-service test-edges test-lowest gpu-rehearsal setup redis-server \
-        chromium clean gpu gpu-wheels
+.PHONY: run test test-full test-compute test-service test-edges test-lowest gpu-rehearsal setup \
+        redis-server chromium clean gpu gpu-wheels
 
-# The suite in two halves. What computes (models profiled, planned and run, each test's thread
-# pools on both cores) runs alone, one test at a time: two such tests side by side, ONNX
-# Runtime's threads spinning against each other's, take twice as long together as one after
-# the other. What mostly waits (servers, sockets, a browser, cgroups: the service, the load
-# generator, the page, the deployment) runs after it, in two processes, beside the lowest
-# releases' run and the GPU rehearsal, lighter suites of the same kind (`make -j4`). A new
+# The suite in two halves. What computes (models profiled, planned and run) runs first, in two
+# pytest-xdist workers whose OpenMP threads sleep when idle (OMP_WAIT_POLICY=PASSIVE): with
+# libgomp's default, each worker's threads spin on the core the other needs, and two workers
+# took twice as long as one after the other; with PASSIVE they take about 0.75x. No test
+# asserts a timing, so the policy changes no verdict (servers and benchmarks keep torch's
+# default: docs/operations.md). What mostly waits (servers, sockets, a browser, cgroups: the
+# service, the load generator, the page, the deployment) runs after it, in two processes,
+# beside the lowest releases' run and the GPU rehearsal's short form (`make -j4`). A new
 # folder of tests is in the first half unless it is named here.
+# `make test` leaves out the tests marked slow (the largest models' cases: C3D's 16 frames of
+# 112x112) and runs the rehearsal's cheap steps; `make test-full` runs everything.
 # (the service's two slowest files, its shutdown and its memory limit, run with the edges: the
 # two processes then take about as long as each other)
 SERVICE_SLOW  = tests/service/test_shutdown.py tests/service/test_memory_limit.py
 EDGE_TESTS    = tests/loadgen tests/ui tests/deploy $(SERVICE_SLOW)
 WAITING_TESTS = tests/service tests/loadgen tests/ui tests/deploy
+MARK         ?= not slow
+REHEARSE     ?= smoke,tests,graphs,energy
+PYTEST        = OMP_WAIT_POLICY=PASSIVE $(BIN)/pytest -q $(if $(MARK),-m "$(MARK)")
 
 # setup.py and the .proto: the build compiles the gRPC protocol's modules from them
 $(STAMP): pyproject.toml setup.py service/oip/grpc_predict_v2.proto
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile -e '.[test]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -74,7 +83,7 @@ chromium:
 $(LOWEST_STAMP): pyproject.toml .ci/lowest.py $(STAMP)
 	rm -rf $(LOWEST)
 	$(BIN)/python -m venv $(LOWEST)
-	$(LOWEST)/bin/pip install --quiet --disable-pip-version-check $$($(BIN)/python .ci/lowest.py)
+	$(LOWEST)/bin/pip install --quiet --disable-pip-version-check --no-compile $$($(BIN)/python .ci/lowest.py)
 	echo "import site; site.addsitedir('$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')')" \
 	  > "$$($(LOWEST)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz-main-venv.pth"
 	touch $@
@@ -85,21 +94,26 @@ test-lowest: $(LOWEST_STAMP) redis-server
 	  print('lowest:', 'redis', redis.__version__, 'fastapi', fastapi.__version__, 'starlette', \
 	  starlette.__version__, 'pydantic', pydantic.VERSION, 'uvicorn', uvicorn.__version__, \
 	  'grpcio', grpc.__version__, 'protobuf', google.protobuf.__version__)"
-	$(LOWEST)/bin/python -m pytest -q -p no:cacheprovider $(LOWEST_TESTS)
+	OMP_WAIT_POLICY=PASSIVE $(LOWEST)/bin/python -m pytest -q -p no:cacheprovider \
+	  $(if $(MARK),-m "$(MARK)") $(LOWEST_TESTS)
 
 test: $(STAMP) redis-server chromium
 	$(MAKE) --no-print-directory test-compute
 	$(MAKE) --no-print-directory -j4 --output-sync=target test-service test-edges test-lowest \
-	  gpu-rehearsal
+	  gpu-rehearsal STEP=$(REHEARSE)
+
+# Everything: the slow cases too, and every step of the GPU rehearsal.
+test-full:
+	$(MAKE) --no-print-directory test MARK= REHEARSE=all
 
 test-compute: $(STAMP)
-	$(BIN)/pytest -q $(addprefix --ignore=,$(WAITING_TESTS))
+	$(PYTEST) -n 2 $(addprefix --ignore=,$(WAITING_TESTS))
 
 test-service: $(STAMP) redis-server
-	$(BIN)/pytest -q -p no:cacheprovider tests/service $(addprefix --ignore=,$(SERVICE_SLOW))
+	$(PYTEST) -p no:cacheprovider tests/service $(addprefix --ignore=,$(SERVICE_SLOW))
 
 test-edges: $(STAMP) redis-server chromium
-	$(BIN)/pytest -q -p no:cacheprovider $(EDGE_TESTS)
+	$(PYTEST) -p no:cacheprovider $(EDGE_TESTS)
 
 gpu-rehearsal: $(STAMP)
 	$(MAKE) --no-print-directory gpu DEVICE=cpu QUICK=1
