@@ -57,7 +57,9 @@ EDGE_TESTS    = tests/loadgen tests/ui tests/deploy $(SERVICE_SLOW)
 WAITING_TESTS = tests/service tests/loadgen tests/ui tests/deploy
 MARK         ?= not slow
 REHEARSE     ?= smoke,tests,graphs,energy
-PYTEST        = OMP_WAIT_POLICY=PASSIVE $(BIN)/pytest -q $(if $(MARK),-m "$(MARK)")
+PASSIVE       = OMP_WAIT_POLICY=PASSIVE
+MARKS         = $(if $(MARK),-m "$(MARK)")
+PYTEST        = $(PASSIVE) $(BIN)/pytest -q $(MARKS)
 
 # setup.py and the .proto: the build compiles the gRPC protocol's modules from them
 $(STAMP): pyproject.toml setup.py service/oip/grpc_predict_v2.proto
@@ -94,8 +96,7 @@ test-lowest: $(LOWEST_STAMP) redis-server
 	  print('lowest:', 'redis', redis.__version__, 'fastapi', fastapi.__version__, 'starlette', \
 	  starlette.__version__, 'pydantic', pydantic.VERSION, 'uvicorn', uvicorn.__version__, \
 	  'grpcio', grpc.__version__, 'protobuf', google.protobuf.__version__)"
-	OMP_WAIT_POLICY=PASSIVE $(LOWEST)/bin/python -m pytest -q -p no:cacheprovider \
-	  $(if $(MARK),-m "$(MARK)") $(LOWEST_TESTS)
+	$(PASSIVE) $(LOWEST)/bin/python -m pytest -q -p no:cacheprovider $(MARKS) $(LOWEST_TESTS)
 
 test: $(STAMP) redis-server chromium
 	$(MAKE) --no-print-directory test-compute
