@@ -9,19 +9,23 @@ and `vbs bench` answer side by side from lookups. When the store lacks one of th
 one it cannot read (an old schema, a damaged blob), the model is profiled (or the cached
 profile reused), solved and the tables published. ``capture_model`` and ``read_prepared`` are
 its first two steps alone: a service that serves a model before it is planned
-(``service.first_start``) captures it and looks its tables up, and plans it elsewhere.
+(``service.first_start``) captures it and looks its tables up, and plans it elsewhere;
+``capture_served`` is the first for a model served with torch, its int8 units as stored.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from core import runtimes
-from core.precision import FLOAT32
+from core.errors import TableNotFoundError
+from core.precision import FLOAT32, HALF, Precision
 from core.units import Capture
 from planner.compile import compilable, ensure_compiled
 from planner.graph.capture import capture
@@ -32,12 +36,16 @@ from planner.settings import Settings
 from planner.solver.tables import build_tables
 from planner.store import PlanStore
 from planner.store.keys import table_id
-from planner.stored import COMPARED, model_key, publish, read, strategies
+from planner.stored import COMPARED, model_key, plan_hint, planned_int8, planned_precision, \
+    publish, read, served_key, strategies
 from core.table import PlanTable
 from core.tree import Profile
 
-__all__ = ["COMPARED", "Captured", "Prepared", "capture_model", "model_key", "options_from",
-           "prepare", "publish", "read", "read_prepared", "strategies"]
+if TYPE_CHECKING:
+    from core.runtimes.onnx_compose import UnitGraphs
+
+__all__ = ["COMPARED", "Captured", "Prepared", "capture_model", "capture_served", "model_key",
+           "options_from", "prepare", "publish", "read", "read_prepared", "strategies"]
 
 log = logging.getLogger("vbs.plan")
 
@@ -102,6 +110,47 @@ def capture_model(spec: ModelSpec, settings: Settings, *, batch_max: int | None 
     return Captured(cap, options, fingerprint(cap, options))
 
 
+def capture_served(spec: ModelSpec, settings: Settings, store: PlanStore, served: str, *,
+                   batch_max: int | None = None, grid: bool | None = None,
+                   weights_dir: str | os.PathLike[str] | None = None) -> Captured:
+    """``capture_model`` for a torch worker serving ``served``, at the precision `vbs plan`
+    planned that name at (``planner.stored.planned_precision``), whatever the settings say:
+    with int8 units, the float32 capture with the graphs and ``Precision`` stored in its
+    compiled model (``planned_int8``: nothing quantized or guarded again at load, no
+    calibration samples needed); at a half precision, the model loaded at that dtype; else
+    in float32. So its tables are found under the planned fingerprint, and a float32 model
+    and its int8 or half twin are served side by side. A name `vbs plan` left no record of
+    (an older release, or planned at the service's first start) is captured at the settings'
+    precision, its int8 graphs taken where its compiled model holds them."""
+    planned = planned_precision(store, served, spec)
+    if (planned is None and settings.precision not in HALF) or (planned is not None
+                                                                  and planned.int8):
+        compiled = planned_int8(store, served, spec, weights_dir=weights_dir)
+        if compiled is not None:
+            return _captured(spec, settings, batch_max, grid, compiled.graphs,
+                             Precision.from_json(compiled.meta.get("precision")))
+    if planned is None:
+        return capture_model(spec, settings, batch_max=batch_max, grid=grid)
+    if planned.int8:
+        raise TableNotFoundError(f"{served}: planned with int8 units, and its compiled model "
+                                 f"is missing from {store.location}: "
+                                 f"{plan_hint(served, spec, store.location)}")
+    return _captured(spec, settings, batch_max, grid, None, planned)
+
+
+def _captured(spec: ModelSpec, settings: Settings, batch_max: int | None, grid: bool | None,
+              graphs: UnitGraphs | None, precision: Precision) -> Captured:
+    """The model of ``spec`` captured at ``precision`` as `vbs plan` chose it (a half: loaded
+    at its dtype), its units' ``graphs`` where given; its fingerprint."""
+    apply_threads(settings.threads)
+    loaded = load_model(dataclasses.replace(spec, dtype=precision.dtype) if precision.half
+                        else spec)
+    cap = dataclasses.replace(capture(loaded), graphs=graphs, precision=precision)
+    options = options_from(settings, batch_max, grid)
+    log.info("%s: captured at %s as planned", spec.name, precision.name)
+    return Captured(cap, options, fingerprint(cap, options))
+
+
 def read_prepared(model: Captured, store: PlanStore, *, solver: str = "vbs",
                   objective: str = "time", repair: bool = True) -> Prepared | None:
     """``model`` with its profile and tables from the store, or None when one is missing (or,
@@ -123,7 +172,9 @@ def prepare(spec: ModelSpec, settings: Settings, store: PlanStore, *, batch_max:
 
     ``repair``: a stored table that cannot be read is planned again (else TableFormatError).
     ``compile``: the model's units are also stored for workers without torch
-    (``planner.compile``), under the alias of ``served`` (default the model's name).
+    (``planner.compile``), under the alias of ``served`` (default the model's name), and the
+    served name's record points at this profile (``planner.stored.served_key``: what a torch
+    worker captures it at, ``capture_served``).
     ``model``: the model captured already (``capture_model``, with these settings).
     ``select``: what chooses the solved tables by running their plans before they are
     published (``workers.plan_selection.selected``; the planner only solves)."""
@@ -136,6 +187,7 @@ def prepare(spec: ModelSpec, settings: Settings, store: PlanStore, *, batch_max:
         if found is not None:
             if compile:
                 compile_served(store, model, found, settings, objective, served)
+                store.set_model(served_key(served or spec.name, spec), fp)
             return found
     log.info("%s: profiling (b = 1..%d) and planning; this takes a while once", spec.name,
              options.batch_max)
@@ -153,6 +205,7 @@ def prepare(spec: ModelSpec, settings: Settings, store: PlanStore, *, batch_max:
     if compile:
         compile_served(store, model, prepared, settings, objective, served, replan=True,
                        select=select)
+        store.set_model(served_key(served or spec.name, spec), fp)
     return prepared
 
 

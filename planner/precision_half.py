@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 import torch
 
-from core.errors import UsageError
+from core.errors import ModelError, UsageError
 from core.precision import BFLOAT16, FLOAT32, HALF, Precision
 from core.runner import run_node
 from core.runtimes.onnx_compose import CannotCompose, UnitGraphs
@@ -135,10 +135,16 @@ def fastest(float32: Capture, int8: Capture, graphs: UnitGraphs | None,
         return captured[dtype]
 
     composes = {"float32": graphs, "int8": mixed if int8.precision.int8 else None}
+    failed: dict[str, str] = {}
 
     def runs() -> dict[str, Callable[[np.ndarray], object]]:
-        out = {"float32 torch": _torch_run(float32),
-               **{d: _torch_run(half(d)) for d in halves}}
+        out = {"float32 torch": _torch_run(float32)}
+        for d in halves:
+            try:
+                out[d] = _torch_run(half(d))
+            except ModelError as exc:  # not weighed: the rest are, as without it
+                failed[d] = f"{d} was not timed: the model at {d} {exc}"
+                log.info("%s: %s", float32.model.spec.name, failed[d])
         for name, g in composes.items():
             composed = None if g is None else _composed(g)
             if composed is not None:
@@ -148,7 +154,11 @@ def fastest(float32: Capture, int8: Capture, graphs: UnitGraphs | None,
     names = ("float32 torch", *halves, *(n for n, g in composes.items() if g is not None))
     seconds = measured_times(float32, names, runs, int8.precision.int8, samples.digest,
                              samples.fit, cache)
-    return _first_guarded(float32, int8, seconds, halves, half, samples, max_error)
+    untimed = [failed.get(d, f"{d} was not timed (it could not be captured where it was "
+                             "measured)") for d in halves if d not in seconds]
+    chosen = _first_guarded(float32, int8, seconds, tuple(d for d in halves if d in seconds),
+                            half, samples, max_error)
+    return _noted(chosen, "; ".join(untimed)) if untimed else chosen
 
 
 def _first_guarded(float32: Capture, int8: Capture, seconds: dict[str, float],

@@ -131,6 +131,45 @@ class StoredModel:
         return self.profile.fingerprint
 
 
+def served_key(served: str, spec: ModelSpec) -> str:
+    """The alias under which `vbs plan` records the profile it planned ``served`` to (``spec``
+    as the service is given it: input shape as given, or ``default``, dtype and device)."""
+    shape = "x".join(map(str, spec.input_shape)) if spec.input_shape else "default"
+    return f"served:{served}:{shape}:{spec.dtype}:{spec.device}"
+
+
+def planned_precision(store: PlanStore, served: str, spec: ModelSpec) -> Precision | None:
+    """The precision `vbs plan` last planned ``served`` at (its profile's record), or None
+    where it recorded none (planned by an older release, or never)."""
+    fp = store.get_model(served_key(served, spec))
+    data = store.get_profile(fp) if fp else None
+    if data is None:
+        return None
+    try:
+        meta = profile_from_json(json.loads(data)).meta
+    except (ValueError, RecursionError, ProfileError) as exc:
+        raise TableFormatError(f"the profile {fp} in {store.location} cannot be read ({exc}): "
+                               f"plan {served} again") from exc
+    return Precision.from_json(meta.get("precision"))
+
+
+def planned_int8(store: PlanStore, served: str, spec: ModelSpec, *,
+                 weights_dir: str | os.PathLike[str] | None = None) -> CompiledModel | None:
+    """The compiled model ``vbs plan`` stored for ``served`` where it was planned with int8
+    units (its graphs the ones quantized and guarded then, its meta their ``Precision``), else
+    None (planned float32 or at a half precision, or never compiled). Only its manifest is
+    read before that is known."""
+    cid = store.get_model(compiled_key(served, spec))
+    blob = store.get_compiled(cid) if cid is not None else None
+    if blob is None:
+        return None
+    where = f"compiled model {cid} in {store.location}"
+    _, meta = CompiledModel.manifest(blob, where)
+    if not Precision.from_json(meta.get("precision")).int8:
+        return None
+    return CompiledModel.from_bytes(blob, where, weights_dir=weights_dir)
+
+
 def read_compiled(store: PlanStore, served: str, spec: ModelSpec, solver: str,
                   objective: str, *, weights_dir: str | os.PathLike[str] | None = None
                   ) -> StoredModel:

@@ -29,7 +29,6 @@ from dataclasses import replace
 from typing import Any
 
 from core.errors import StoreError, TableFormatError, TableNotFoundError, UsageError, VbsError
-from core.precision import FLOAT32, Precision
 from core.table import INTERIM
 from planner.families import build_preprocess, labels_for
 from planner.store import Backoff, PlanStore, open_store, printable_location
@@ -237,12 +236,20 @@ class ModelLoader:
         (``workers.array_backend``) where ``entry`` is served so (``Settings.lean_for``, or
         ``lean_if_compiled`` and the store holds it compiled with tables that run so); else
         None: it is served with torch."""
-        from planner.stored import read_compiled
+        from planner.stored import planned_precision, read_compiled
         from workers.array_backend import ArrayModel
 
         s, device = self.settings, entry.spec.device
         must = s.lean_for(device)
         if not must and not s.lean_if_compiled(device):
+            return None
+        planned = planned_precision(store, entry.name, entry.spec)
+        if planned is not None and planned.half:  # (a compiled model of it is an older plan's)
+            if must:
+                raise UsageError(f"{entry.name}: planned at {planned.dtype}, which a worker "
+                                 "without torch cannot run: serve it with torch (VBS_LEAN=auto "
+                                 "or off, torch installed)")
+            log.info("%s: served with torch: planned at %s", entry.name, planned.dtype)
             return None
         try:
             # its weights in a file of the cache directory (a disk), not twice in memory
@@ -255,15 +262,8 @@ class ModelLoader:
             return None
         model = ArrayModel(prepared.compiled, prepared.profile.root, prepared.fingerprint)
         why = "" if must else model.unrunnable(prepared.tables[s.solver])
-        planned = Precision.from_json(prepared.compiled.meta.get("precision"))
-        if why and planned.int8 and s.precision == FLOAT32:
-            # with torch it would be captured at float32 and served so under the int8 name
-            raise UsageError(f"{entry.name}: planned int8, and its compiled model "
-                             f"{prepared.compiled_id} cannot run without torch ({why}); plan "
-                             "it again with this release, or serve it with torch at int8 "
-                             "(VBS_PRECISION=int8 and VBS_CALIBRATION, the samples it was "
-                             "planned with)")
-        if why:  # (where it must, the worker refuses it, naming the fix)
+        if why:  # (where it must, the worker refuses it, naming the fix; int8 units: the
+            # torch worker runs the stored graphs, ``planner.pipeline.capture_served``)
             log.info("%s: served with torch: its compiled model %s %s", entry.name,
                      prepared.compiled_id, why)
             return None
@@ -276,10 +276,11 @@ class ModelLoader:
         """The captured model with its tables from the store; without them, with an interim
         table and the runtimes it was measured on (``first_start="interim"``, where ONNX
         Runtime runs the whole model), else profiled, solved and published here first."""
-        from planner.pipeline import capture_model, prepare, read_prepared
+        from planner.pipeline import capture_served, prepare, read_prepared
 
         s = self.settings
-        model = capture_model(entry.spec, s, batch_max=s.batch_max)
+        model = capture_served(entry.spec, s, store, entry.name, batch_max=s.batch_max,
+                               weights_dir=s.cache_dir / "weights")
         prepared = read_prepared(model, store, solver=s.solver, objective=s.objective,
                                  repair=False)
         if prepared is not None:

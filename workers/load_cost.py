@@ -160,12 +160,14 @@ def _measure_torch(store: PlanStore, served: str, spec: ModelSpec, solver: str, 
     first = status_bytes("VmRSS")  # before the planner's modules import torch
     reset_peak()
     t0 = time.perf_counter()
-    from planner.pipeline import capture_model, read_prepared
+    from planner.pipeline import capture_served, read_prepared
     from planner.settings import Settings
     from planner.stored import compiled_key
 
     settings = Settings(**given["settings"])
-    model = capture_model(spec, settings, batch_max=given["batch_max"], grid=given["grid"])
+    # as the service's torch worker captures it: at the precision `vbs plan` recorded
+    model = capture_served(spec, settings, store, served, batch_max=given["batch_max"],
+                           grid=given["grid"], weights_dir=settings.cache_dir / "weights")
     prepared = read_prepared(model, store, solver=solver, objective=objective, repair=False)
     cid = store.get_model(compiled_key(served, spec))
     if prepared is None or cid is None:

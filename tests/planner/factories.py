@@ -118,6 +118,26 @@ def conv_chain() -> nn.Module:
                                                          nn.ReLU())))
 
 
+class OverflowsInHalf(nn.Module):
+    """A linear layer whose outputs pass float16's largest number (65504) on the samples the
+    capture inspects, and an op after it that makes NaN of the infinities (inf - inf), as a
+    random-weight resnet101 does in float16: finite in float32."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        with torch.no_grad():
+            self.fc.weight.fill_(1e5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x.abs() + 1)
+        return y - y
+
+
+def overflows_in_half() -> nn.Module:
+    return OverflowsInHalf()
+
+
 class FlattensByView(nn.Module):
     """A convolution whose output is flattened with ``view``, which needs it NCHW-contiguous:
     the model cannot run channels_last."""

@@ -391,6 +391,43 @@ def test_auto_guards_the_next_half_precision_where_the_fastest_one_moved_the_ans
     assert "bfloat16 ran" in kept.why
 
 
+def test_auto_weighs_the_rest_where_a_half_precision_cannot_be_captured(
+        tmp_path: Path, trained: tuple[Path, Path, np.ndarray, np.ndarray],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model the capture refuses at one half precision (its check found the samples of a
+    batch mixed, say) is not a plan that fails: `auto` times and weighs the other candidates
+    and its ``why`` says which half was not timed and why."""
+    import json
+
+    import planner.precision_half as half_module
+    from core.errors import BatchMixingError
+    from core.precision import BFLOAT16, FLOAT16
+    from planner.graph.capture import capture
+    from planner.models import load_model
+    from planner.precision import with_precision
+    from planner.precision_speed import FOLDER
+
+    _, folder, _, _ = trained
+    cap = capture(load_model(ModelSpec(NAME, input_shape=SHAPE, weights=trained[0])))
+    recaptured = half_module._recaptured
+
+    def refuses_float16(capture: object, dtype: str) -> object:
+        if dtype == FLOAT16:
+            raise BatchMixingError("mixes the samples of a batch (overflow)")
+        return recaptured(capture, dtype)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(half_module, "natives", lambda device: (BFLOAT16, FLOAT16))
+    monkeypatch.setattr(half_module, "_recaptured", refuses_float16)
+    cache = tmp_path / "cache"
+    chosen = with_precision(cap, "auto", folder, 0.05, cache).precision
+    assert "float16 was not timed: the model at float16 mixes the samples" in chosen.why
+    (times,) = [p for p in (cache / FOLDER).iterdir() if "seconds" in json.loads(p.read_text())]
+    timed = json.loads(times.read_text())["seconds"]
+    assert BFLOAT16 in timed and FLOAT16 not in timed
+    again = with_precision(cap, "auto", folder, 0.05, cache).precision  # the times cached
+    assert again.name == chosen.name and "float16 was not timed" in again.why
+
+
 def test_a_relu_between_int8_units_lets_onnx_runtime_run_the_join_before_it_in_int8(
         tmp_path: Path) -> None:
     """A weightless ReLU unit after a residual add, between int8 units: quantized at its
