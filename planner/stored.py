@@ -16,7 +16,7 @@ from typing import Any
 
 from core.compiled import CompiledModel
 from core.errors import ProfileError, TableFormatError, TableNotFoundError
-from core.precision import FLOAT32, Precision
+from core.precision import AUTO, FLOAT32, Precision
 from core.spec import ModelSpec
 from core.table import PlanTable
 from core.tree import Profile, profile_from_json, profile_to_json
@@ -151,6 +151,23 @@ def planned_precision(store: PlanStore, served: str, spec: ModelSpec) -> Precisi
         raise TableFormatError(f"the profile {fp} in {store.location} cannot be read ({exc}): "
                                f"plan {served} again") from exc
     return Precision.from_json(meta.get("precision"))
+
+
+def planned_for(settings: Any, store: PlanStore, served: str, spec: ModelSpec
+                ) -> Precision | None:
+    """The precision `vbs plan` recorded for ``served`` (``planned_precision``) where it decides
+    what a worker serves: the settings name no precision, or that one, or `auto` ("the planned
+    table where one exists"); None where none was recorded or the settings name another (the
+    table of the precision they name is served, as `vbs serve --precision` says)."""
+    planned = planned_precision(store, served, spec)
+    return planned if planned is not None and follows(settings, planned.name) else None
+
+
+def follows(settings: Any, precision: str) -> bool:
+    """Whether the settings let ``precision`` be served: they name none (``VBS_PRECISION``
+    or ``--precision`` not given), or `auto`, or that one."""
+    named = "precision" in getattr(settings, "model_fields_set", ())
+    return not named or settings.precision in (AUTO, precision)
 
 
 def planned_int8(store: PlanStore, served: str, spec: ModelSpec, *,

@@ -29,6 +29,7 @@ from dataclasses import replace
 from typing import Any
 
 from core.errors import StoreError, TableFormatError, TableNotFoundError, UsageError, VbsError
+from core.precision import Precision
 from core.table import INTERIM
 from planner.families import build_preprocess, labels_for
 from planner.store import Backoff, PlanStore, open_store, printable_location
@@ -236,14 +237,14 @@ class ModelLoader:
         (``workers.array_backend``) where ``entry`` is served so (``Settings.lean_for``, or
         ``lean_if_compiled`` and the store holds it compiled with tables that run so); else
         None: it is served with torch."""
-        from planner.stored import planned_precision, read_compiled
+        from planner.stored import follows, planned_for, read_compiled
         from workers.array_backend import ArrayModel
 
         s, device = self.settings, entry.spec.device
         must = s.lean_for(device)
         if not must and not s.lean_if_compiled(device):
             return None
-        planned = planned_precision(store, entry.name, entry.spec)
+        planned = planned_for(s, store, entry.name, entry.spec)
         if planned is not None and planned.half:  # (a compiled model of it is an older plan's)
             if must:
                 raise UsageError(f"{entry.name}: planned at {planned.dtype}, which a worker "
@@ -259,6 +260,15 @@ class ModelLoader:
             if must:
                 raise
             log.info("%s: served with torch: %s", entry.name, exc)
+            return None
+        compiled = Precision.from_json(prepared.compiled.meta.get("precision"))
+        if not follows(s, compiled.name):  # VBS_PRECISION names another: that one's tables
+            if must:
+                raise UsageError(f"{entry.name}: its compiled model {prepared.compiled_id} is "
+                                 f"{compiled.name}, and {s.precision} is asked (VBS_PRECISION): "
+                                 f"plan it at {s.precision}, or serve it with torch")
+            log.info("%s: served with torch: its compiled model is %s, %s asked", entry.name,
+                     compiled.name, s.precision)
             return None
         model = ArrayModel(prepared.compiled, prepared.profile.root, prepared.fingerprint)
         why = "" if must else model.unrunnable(prepared.tables[s.solver])

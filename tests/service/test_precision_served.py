@@ -115,6 +115,29 @@ def test_int8_served_by_the_torch_worker_runs_the_graphs_vbs_plan_stored(
     assert answers["off"].argmax(1).tolist() == answers["auto"].argmax(1).tolist()
 
 
+def test_a_precision_named_when_serving_is_served_whatever_was_planned(
+        make_settings: Any, planned: Path) -> None:
+    """`vbs serve --precision float32` (VBS_PRECISION named) serves the float32 table of a name
+    `vbs plan` planned int8: by the torch worker, the float32 model's tables found (nothing
+    planned at load), not the int8 compiled model; named `auto`, the planned int8 one."""
+    async def served(precision: str) -> dict[str, Any]:
+        settings = make_settings(models=[f"d8={NAME}"], weights=planned / "w.pt",
+                                 cache_dir=planned / "cache", store=planned / "store",
+                                 precision=precision)
+        async with running(create_app(settings)) as client:
+            (entry,) = (await client.get("/models")).json()["models"]
+            return entry
+
+    async def both() -> tuple[dict[str, Any], dict[str, Any]]:
+        return await served("float32"), await served("auto")
+
+    named, auto = run(both())
+    assert named["precision"]["precision"] == "float32"
+    assert named["runs_on"] == "the captured torch model" and named["table"]["kind"] == "planned"
+    assert auto["precision"]["precision"] == "int8"
+    assert auto["runs_on"] == "compiled ONNX graphs, without torch"
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_a_half_precision_served_by_the_torch_worker_says_its_precision(
         make_settings: Any, planned: Path, dtype: str) -> None:
