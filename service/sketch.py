@@ -2,10 +2,12 @@
 
 Nothing here fails a model: what cannot be known now is known once it loads. A model served
 without torch is read from its compiled form in the store (its weights, shapes, inputs, and
-what `vbs plan` measured it keeps loaded, ``workers.load_cost``); one served with torch is built
-on the meta device (``planner.models.sketch_model``: its weights and shapes). Its plans'
-bytes come from its table as the store has it (a table of another fingerprint may differ a
-little: an estimate).
+what `vbs plan` measured it keeps loaded, ``workers.load_cost``); one served with torch (a
+name planned at a half precision among them, whatever compiled model an older plan left) is
+built on the meta device (``planner.models.sketch_model``: its weights and shapes). Its plans'
+bytes come from its table as the store has it: the compiled model's, else the one `vbs plan`
+planned the name to, else the model's float32 one (a table of another fingerprint may differ
+a little: an estimate).
 """
 
 from __future__ import annotations
@@ -49,14 +51,25 @@ def sketch(entry: ModelEntry, settings: Settings, store: Callable[[], PlanStore]
     s = settings
     try:
         opened = store()
-        # a compiled model's own tables (those its worker runs), else the model's
-        fp = (meta or {}).get("fingerprint") or opened.get_model(
-            model_key(entry.spec, s.solver, s.objective))
+        # a compiled model's own tables (those its worker runs), else those `vbs plan` planned
+        # the name to, else the model's
+        fp = ((meta or {}).get("fingerprint") or _served_fingerprint(entry, s, opened)
+              or opened.get_model(model_key(entry.spec, s.solver, s.objective)))
         if fp is not None:
             tid = table_id(fp, s.solver, s.objective)
             entry.estimate = PlanTable.from_bytes(opened.get_table(tid).blob, tid)
     except Exception as exc:  # noqa: BLE001 - not planned yet, or the store is down
         log.debug("%s: no table to estimate its plans by: %s", entry.name, exc)
+
+
+def _served_fingerprint(entry: ModelEntry, settings: Settings, store: PlanStore) -> str | None:
+    """The profile `vbs plan` planned ``entry``'s name to, where it is what will be served
+    (``planner.stored.planned_for``), else None."""
+    from planner.stored import planned_for, served_key
+
+    if planned_for(settings, store, entry.name, entry.spec) is None:
+        return None
+    return store.get_model(served_key(entry.name, entry.spec))
 
 
 def _read(entry: ModelEntry, settings: Settings, store: Callable[[], PlanStore]
@@ -67,10 +80,13 @@ def _read(entry: ModelEntry, settings: Settings, store: Callable[[], PlanStore]
     device = entry.spec.device
     if settings.lean_for(device) or settings.lean_if_compiled(device):
         from core.compiled import CompiledModel
-        from planner.stored import compiled_key
+        from planner.stored import compiled_key, planned_for
 
         opened = store()
-        cid = opened.get_model(compiled_key(entry.name, entry.spec))
+        planned = planned_for(settings, opened, entry.name, entry.spec)
+        # planned at a half precision, its compiled model (if any) is an older plan's
+        cid = None if planned is not None and planned.half else opened.get_model(
+            compiled_key(entry.name, entry.spec))
         blob = opened.get_compiled(cid) if cid else None
         if blob is not None:
             shapes, meta = CompiledModel.manifest(blob, f"compiled model {cid}")

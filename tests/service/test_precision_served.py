@@ -168,6 +168,8 @@ def test_a_half_precision_served_by_the_torch_worker_says_its_precision(
             entry = models["b16"]
             assert entry["precision"]["precision"] == dtype
             assert entry["runs_on"] == "the captured torch model"
+            # nor estimated before its load from that older plan's compiled model
+            assert "planned_load" not in entry and "planned_load" in models["d8"]
             assert entry["table"]["kind"] == "planned" and entry["table"]["version"] == 1
             assert models["d32"]["precision"]["precision"] == "float32"
             assert models["d8"]["precision"]["precision"] == "int8"
