@@ -60,7 +60,8 @@ def add_precision_args(p: argparse.ArgumentParser) -> None:
                         "--calibration, the error guard keeping float32 the units that move "
                         "the answer most), bfloat16 or float16 (the whole model on torch, "
                         "guarded) or auto (given samples, whichever measured fastest here, "
-                        "else float32) (default: VBS_PRECISION)")
+                        "else float32); serving, left unset or auto, each name is served at "
+                        "what vbs plan planned it at (default: VBS_PRECISION)")
     p.add_argument("--calibration", type=Path, metavar="DIR",
                    help="samples of the model's input (.npy, or images) int8 is calibrated "
                         "and guarded on (default: VBS_CALIBRATION)")
