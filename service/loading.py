@@ -262,7 +262,10 @@ class ModelLoader:
             log.info("%s: served with torch: %s", entry.name, exc)
             return None
         compiled = Precision.from_json(prepared.compiled.meta.get("precision"))
-        if not follows(s, compiled.name):  # VBS_PRECISION names another: that one's tables
+        # planned int8 and VBS_PRECISION names float32 or a half: that one's tables (a float32
+        # compiled model is served whatever is named, as before: where int8 was asked of
+        # `vbs plan`, its guard or speed check kept float32)
+        if compiled.int8 and not follows(s, compiled.name):
             if must:
                 raise UsageError(f"{entry.name}: its compiled model {prepared.compiled_id} is "
                                  f"{compiled.name}, and {s.precision} is asked (VBS_PRECISION): "
