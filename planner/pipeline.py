@@ -36,7 +36,7 @@ from planner.settings import Settings
 from planner.solver.tables import build_tables
 from planner.store import PlanStore
 from planner.store.keys import table_id
-from planner.stored import COMPARED, follows, model_key, plan_hint, planned_for, planned_int8, \
+from planner.stored import COMPARED, Planned, follows, model_key, plan_hint, planned_int8, \
     publish, read, served_key, strategies
 from core.table import PlanTable
 from core.tree import Profile
@@ -110,27 +110,29 @@ def capture_model(spec: ModelSpec, settings: Settings, *, batch_max: int | None 
     return Captured(cap, options, fingerprint(cap, options))
 
 
-def capture_served(spec: ModelSpec, settings: Settings, store: PlanStore, served: str, *,
-                   batch_max: int | None = None, grid: bool | None = None,
+def capture_served(spec: ModelSpec, settings: Settings, store: PlanStore, served: str,
+                   planned: Planned | None, *, batch_max: int | None = None,
+                   grid: bool | None = None,
                    weights_dir: str | os.PathLike[str] | None = None) -> Captured:
     """``capture_model`` for a torch worker serving ``served``, at the precision `vbs plan`
-    recorded for that name (``planned_for``): with int8 units, the float32 capture with the
-    graphs and ``Precision`` stored in its compiled model (``planned_int8``: nothing quantized
-    or guarded again at load, no calibration samples needed); at a half precision, the model
-    loaded at that dtype; else in float32. So its tables are found under the planned
-    fingerprint, and a float32 model and its int8 or half twin are served side by side. Where
-    the settings name another precision, or `vbs plan` left no record (an older release, or
-    planned at the service's first start), it is captured at the settings' precision, a
-    compiled model's int8 graphs taken where it holds them and the settings allow int8."""
-    planned = planned_for(settings, store, served, spec)
-    if planned is not None and not planned.int8:
-        return _captured(spec, settings, batch_max, grid, None, planned)
-    if planned is not None or follows(settings, INT8):
+    recorded for that name (``planned``: ``planner.stored.planned_for``'s): with int8 units, the
+    float32 capture with the graphs and ``Precision`` stored in its compiled model
+    (``planned_int8``: nothing quantized or guarded again at load, no calibration samples
+    needed); at a half precision, the model loaded at that dtype; else in float32. So its tables
+    are found under the planned fingerprint, and a float32 model and its int8 or half twin are
+    served side by side. Where the settings name another precision, or `vbs plan` left no record
+    (an older release, or planned at the service's first start), it is captured at the settings'
+    precision, a compiled model's int8 graphs taken where it holds them and the settings allow
+    int8."""
+    precision = planned.precision if planned is not None else None
+    if precision is not None and not precision.int8:
+        return _captured(spec, settings, batch_max, grid, None, precision)
+    if precision is not None or follows(settings, INT8):
         compiled = planned_int8(store, served, spec, weights_dir=weights_dir)
         if compiled is not None:
             return _captured(spec, settings, batch_max, grid, compiled.graphs,
                              Precision.from_json(compiled.meta.get("precision")))
-        if planned is not None:
+        if precision is not None:
             raise TableNotFoundError(f"{served}: planned with int8 units, and its compiled "
                                      f"model is missing from {store.location}: "
                                      f"{plan_hint(served, spec, store.location)}")

@@ -138,29 +138,38 @@ def served_key(served: str, spec: ModelSpec) -> str:
     return f"served:{served}:{shape}:{spec.dtype}:{spec.device}"
 
 
-def planned_precision(store: PlanStore, served: str, spec: ModelSpec) -> Precision | None:
-    """The precision `vbs plan` last planned ``served`` at (its profile's record), or None
-    where it recorded none (planned by an older release, or never)."""
+@dataclass(frozen=True)
+class Planned:
+    """What `vbs plan` recorded for a served name: the profile it planned the name to, and
+    that profile's precision."""
+
+    fingerprint: str
+    precision: Precision
+
+
+def planned(store: PlanStore, served: str, spec: ModelSpec) -> Planned | None:
+    """What `vbs plan` last planned ``served`` to, or None where it recorded nothing (planned
+    by an older release, or never)."""
     fp = store.get_model(served_key(served, spec))
     data = store.get_profile(fp) if fp else None
-    if data is None:
+    if fp is None or data is None:
         return None
     try:
         meta = profile_from_json(json.loads(data)).meta
     except (ValueError, RecursionError, ProfileError) as exc:
         raise TableFormatError(f"the profile {fp} in {store.location} cannot be read ({exc}): "
                                f"plan {served} again") from exc
-    return Precision.from_json(meta.get("precision"))
+    return Planned(fp, Precision.from_json(meta.get("precision")))
 
 
 def planned_for(settings: Any, store: PlanStore, served: str, spec: ModelSpec
-                ) -> Precision | None:
-    """The precision `vbs plan` recorded for ``served`` (``planned_precision``) where it decides
-    what a worker serves: the settings name no precision, or that one, or `auto` ("the planned
-    table where one exists"); None where none was recorded or the settings name another (the
-    table of the precision they name is served, as `vbs serve --precision` says)."""
-    planned = planned_precision(store, served, spec)
-    return planned if planned is not None and follows(settings, planned.name) else None
+                ) -> Planned | None:
+    """What `vbs plan` recorded for ``served`` (``planned``) where it decides what a worker
+    serves: the settings name no precision, or that one, or `auto` ("the planned table where
+    one exists"); None where nothing was recorded or the settings name another (the table of
+    the precision they name is served, as `vbs serve --precision` says)."""
+    found = planned(store, served, spec)
+    return found if found is not None and follows(settings, found.precision.name) else None
 
 
 def follows(settings: Any, precision: str) -> bool:

@@ -198,12 +198,15 @@ class ModelLoader:
         options = RuntimeOptions(spin=s.ort_spin, max_sessions=s.ort_sessions, arena=self.arena,
                                  making_factor=factor)
         runtimes: dict[str, Any] = {}  # made already (the interim table's): the worker's
-        found = self._compiled(entry, store)
+        from planner.stored import planned_for
+
+        planned = planned_for(s, store, entry.name, entry.spec)  # what `vbs plan` recorded
+        found = self._compiled(entry, store, planned)
         lean = found is not None
         if found is not None:
             prepared, model = found
         else:
-            prepared, runtimes = self._torch_model(entry, store, options)
+            prepared, runtimes = self._torch_model(entry, store, options, planned)
             model = prepared.capture
         interim = not lean and prepared.solver == INTERIM
         table = prepared.tables[INTERIM if interim else s.solver]
@@ -232,25 +235,26 @@ class ModelLoader:
         if pre is not None:
             entry.preprocess, entry.image_mode = pre
 
-    def _compiled(self, entry: ModelEntry, store: PlanStore) -> tuple[Any, Any] | None:
+    def _compiled(self, entry: ModelEntry, store: PlanStore, planned: Any
+                  ) -> tuple[Any, Any] | None:
         """The compiled model from the store and the model a worker without torch runs
         (``workers.array_backend``) where ``entry`` is served so (``Settings.lean_for``, or
         ``lean_if_compiled`` and the store holds it compiled with tables that run so); else
         None: it is served with torch."""
-        from planner.stored import follows, planned_for, read_compiled
+        from planner.stored import follows, read_compiled
         from workers.array_backend import ArrayModel
 
         s, device = self.settings, entry.spec.device
         must = s.lean_for(device)
         if not must and not s.lean_if_compiled(device):
             return None
-        planned = planned_for(s, store, entry.name, entry.spec)
-        if planned is not None and planned.half:  # (a compiled model of it is an older plan's)
+        half = planned.precision.dtype if planned is not None and planned.precision.half else ""
+        if half:  # (a compiled model of it is an older plan's)
             if must:
-                raise UsageError(f"{entry.name}: planned at {planned.dtype}, which a worker "
-                                 "without torch cannot run: serve it with torch (VBS_LEAN=auto "
-                                 "or off, torch installed)")
-            log.info("%s: served with torch: planned at %s", entry.name, planned.dtype)
+                raise UsageError(f"{entry.name}: planned at {half}, which a worker without "
+                                 "torch cannot run: serve it with torch (VBS_LEAN=auto or off, "
+                                 "torch installed)")
+            log.info("%s: served with torch: planned at %s", entry.name, half)
             return None
         try:
             # its weights in a file of the cache directory (a disk), not twice in memory
@@ -284,15 +288,16 @@ class ModelLoader:
                  prepared.compiled_id)
         return prepared, model
 
-    def _torch_model(self, entry: ModelEntry, store: PlanStore, options: Any
+    def _torch_model(self, entry: ModelEntry, store: PlanStore, options: Any, planned: Any
                      ) -> tuple[Any, dict[str, Any]]:
-        """The captured model with its tables from the store; without them, with an interim
-        table and the runtimes it was measured on (``first_start="interim"``, where ONNX
-        Runtime runs the whole model), else profiled, solved and published here first."""
+        """The captured model (at what `vbs plan` recorded: ``planned``) with its tables from
+        the store; without them, with an interim table and the runtimes it was measured on
+        (``first_start="interim"``, where ONNX Runtime runs the whole model), else profiled,
+        solved and published here first."""
         from planner.pipeline import capture_served, prepare, read_prepared
 
         s = self.settings
-        model = capture_served(entry.spec, s, store, entry.name, batch_max=s.batch_max,
+        model = capture_served(entry.spec, s, store, entry.name, planned, batch_max=s.batch_max,
                                weights_dir=s.cache_dir / "weights")
         prepared = read_prepared(model, store, solver=s.solver, objective=s.objective,
                                  repair=False)

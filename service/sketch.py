@@ -30,10 +30,15 @@ log = logging.getLogger("vbs.service")
 def sketch(entry: ModelEntry, settings: Settings, store: Callable[[], PlanStore]) -> None:
     """Fill in what ``entry`` takes before it is first loaded (on its torch thread)."""
     from planner.store.keys import table_id
-    from planner.stored import model_key
+    from planner.stored import model_key, planned_for
 
     try:
-        weights, in_shape, out_shape, meta, cost = _read(entry, settings, store)
+        planned = planned_for(settings, store(), entry.name, entry.spec)
+    except Exception as exc:  # noqa: BLE001 - the store is down, or its record unreadable
+        log.debug("%s: no record of its plan: %s", entry.name, exc)
+        planned = None
+    try:
+        weights, in_shape, out_shape, meta, cost = _read(entry, settings, store, planned)
     except Exception as exc:  # noqa: BLE001 - its load says what is wrong
         log.debug("%s: no sketch: %s", entry.name, exc)
         return
@@ -53,7 +58,7 @@ def sketch(entry: ModelEntry, settings: Settings, store: Callable[[], PlanStore]
         opened = store()
         # a compiled model's own tables (those its worker runs), else those `vbs plan` planned
         # the name to, else the model's
-        fp = ((meta or {}).get("fingerprint") or _served_fingerprint(entry, s, opened)
+        fp = ((meta or {}).get("fingerprint") or (planned.fingerprint if planned else None)
               or opened.get_model(model_key(entry.spec, s.solver, s.objective)))
         if fp is not None:
             tid = table_id(fp, s.solver, s.objective)
@@ -62,30 +67,20 @@ def sketch(entry: ModelEntry, settings: Settings, store: Callable[[], PlanStore]
         log.debug("%s: no table to estimate its plans by: %s", entry.name, exc)
 
 
-def _served_fingerprint(entry: ModelEntry, settings: Settings, store: PlanStore) -> str | None:
-    """The profile `vbs plan` planned ``entry``'s name to, where it is what will be served
-    (``planner.stored.planned_for``), else None."""
-    from planner.stored import planned_for, served_key
-
-    if planned_for(settings, store, entry.name, entry.spec) is None:
-        return None
-    return store.get_model(served_key(entry.name, entry.spec))
-
-
-def _read(entry: ModelEntry, settings: Settings, store: Callable[[], PlanStore]
+def _read(entry: ModelEntry, settings: Settings, store: Callable[[], PlanStore], planned: Any
           ) -> tuple[int, tuple[int, ...], tuple[int, ...] | None, dict[str, Any] | None,
                      LoadCost | None]:
     """(weights bytes, input shape, output shape, the compiled model's meta or None, what
-    `vbs plan` measured it keeps loaded or None) of a model not loaded yet."""
+    `vbs plan` measured it keeps loaded or None) of a model not loaded yet (``planned``: what
+    `vbs plan` recorded of its name, ``planner.stored.planned_for``)."""
     device = entry.spec.device
     if settings.lean_for(device) or settings.lean_if_compiled(device):
         from core.compiled import CompiledModel
-        from planner.stored import compiled_key, planned_for
+        from planner.stored import compiled_key
 
         opened = store()
-        planned = planned_for(settings, opened, entry.name, entry.spec)
         # planned at a half precision, its compiled model (if any) is an older plan's
-        cid = None if planned is not None and planned.half else opened.get_model(
+        cid = None if planned is not None and planned.precision.half else opened.get_model(
             compiled_key(entry.name, entry.spec))
         blob = opened.get_compiled(cid) if cid else None
         if blob is not None:

@@ -162,12 +162,14 @@ def _measure_torch(store: PlanStore, served: str, spec: ModelSpec, solver: str, 
     t0 = time.perf_counter()
     from planner.pipeline import capture_served, read_prepared
     from planner.settings import Settings
-    from planner.stored import compiled_key
+    from planner.stored import compiled_key, planned_for
 
     settings = Settings(**given["settings"])
     # as the service's torch worker captures it: at the precision `vbs plan` recorded
-    model = capture_served(spec, settings, store, served, batch_max=given["batch_max"],
-                           grid=given["grid"], weights_dir=settings.cache_dir / "weights")
+    model = capture_served(spec, settings, store, served,
+                           planned_for(settings, store, served, spec),
+                           batch_max=given["batch_max"], grid=given["grid"],
+                           weights_dir=settings.cache_dir / "weights")
     prepared = read_prepared(model, store, solver=solver, objective=objective, repair=False)
     cid = store.get_model(compiled_key(served, spec))
     if prepared is None or cid is None:
