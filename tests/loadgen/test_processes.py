@@ -72,8 +72,10 @@ def test_closed_loop_in_processes_over_http(server: ServerThread,
 
 
 def test_closed_loop_in_processes_over_grpc(server: ServerThread) -> None:
+    # a window of 3 s: in one of 1 s, with make test's four suites on two cores, no request
+    # came back once (0 answered, 0 errors; not seen alone)
     summary = run_load(configure("grpc", grpc_target(server), "tiny", processes=2,
-                                 concurrency=4, duration_s=1.0, warmup_s=0.2))
+                                 concurrency=4, duration_s=3.0, warmup_s=0.2))
     check_closed(summary, processes=2, concurrency=4, samples=1)
     assert summary["url"].startswith("grpc://") and summary["protocol"] == "grpc"
 
